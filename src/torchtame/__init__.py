@@ -1,0 +1,49 @@
+"""torchtame: make PyTorch models smaller and faster, and measure every variant honestly."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .data import DataBundle, load_data, register_data_source  # noqa: E402
+from .devices import detect_environment, resolve_devices  # noqa: E402
+from .errors import (  # noqa: E402
+    DataError,
+    DeviceError,
+    ModelLoadError,
+    PassError,
+    RecipeError,
+    RunError,
+    TorchtameError,
+)
+from .models import load_model, register_model_source  # noqa: E402
+from .passes import register_pass  # noqa: E402
+from .pipeline import Pipeline, RunResult, run  # noqa: E402
+from .recipe import Recipe, json_schema, load_recipe  # noqa: E402
+from .variant import PassContext, Variant  # noqa: E402
+
+__all__ = [
+    "DataBundle",
+    "DataError",
+    "DeviceError",
+    "ModelLoadError",
+    "PassContext",
+    "PassError",
+    "Pipeline",
+    "Recipe",
+    "RecipeError",
+    "RunError",
+    "RunResult",
+    "TorchtameError",
+    "Variant",
+    "__version__",
+    "detect_environment",
+    "json_schema",
+    "load_data",
+    "load_model",
+    "load_recipe",
+    "register_data_source",
+    "register_model_source",
+    "register_pass",
+    "resolve_devices",
+    "run",
+]

@@ -1,0 +1,299 @@
+"""Data sources: scikit-learn digits, ImageFolder, synthetic tensors, a Python callable.
+
+Each source yields a :class:`DataBundle` of train / calibration / evaluation loaders. Batches are
+``(inputs, labels)`` tuples; sources without labels set ``has_labels=False`` so that accuracy is
+reported as not measured (fidelity against the baseline still is).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from .errors import DataError
+from .recipe import DataSourceOptions, Strict
+from .registry import Registry
+
+DataFn = Callable[[Any, int], "DataBundle"]
+SOURCES: Registry[DataFn] = Registry("data source")
+
+
+def register_data_source(name: str, options: type[DataSourceOptions]) -> Callable[[DataFn], DataFn]:
+    """Register a data source: ``fn(options, seed) -> DataBundle``."""
+    return SOURCES.register(name, options)
+
+
+@dataclass
+class DataBundle:
+    """Loaders for each split plus what is known about the data."""
+
+    train: DataLoader | None
+    calibration: DataLoader
+    evaluation: DataLoader
+    has_labels: bool
+    num_classes: int | None
+    sample_shape: tuple[int, ...]
+    description: str
+
+    def example_input(self, batch_size: int = 1) -> torch.Tensor:
+        """A real batch of ``batch_size`` evaluation samples (repeated if the split is smaller)."""
+        x = first_inputs(self.evaluation)
+        reps = math.ceil(batch_size / x.shape[0])
+        return x.repeat(reps, *([1] * (x.dim() - 1)))[:batch_size].contiguous()
+
+
+def first_inputs(loader: DataLoader) -> torch.Tensor:
+    batch = next(iter(loader))
+    return batch[0] if isinstance(batch, list | tuple) else batch
+
+
+class Split(Strict):
+    train: float = Field(0.6, ge=0, le=1)
+    calibration: float = Field(0.1, gt=0, le=1)
+    evaluation: float = Field(0.3, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _sum(self) -> Split:
+        total = self.train + self.calibration + self.evaluation
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"split fractions add up to {total:g}; they must add up to at most 1")
+        return self
+
+
+class DigitsData(DataSourceOptions):
+    source: Literal["digits"]
+    split: Split = Field(default_factory=Split)
+
+
+class ImageFolderData(DataSourceOptions):
+    source: Literal["imagefolder"]
+    root: Path | None = Field(None, description="One folder split by `split` fractions.")
+    train_root: Path | None = None
+    evaluation_root: Path | None = Field(None, description="Folder of the evaluation split.")
+    calibration_root: Path | None = Field(None, description="Default: part of train_root/root.")
+    split: Split = Field(default_factory=Split)
+    image_size: int = Field(224, ge=1)
+    resize: int | None = Field(None, ge=1, description="Resize shorter side before center crop.")
+    mean: list[float] = Field(default_factory=lambda: [0.485, 0.456, 0.406])
+    std: list[float] = Field(default_factory=lambda: [0.229, 0.224, 0.225])
+    grayscale: bool = False
+
+    @model_validator(mode="after")
+    def _roots(self) -> ImageFolderData:
+        if self.root is None and self.evaluation_root is None:
+            raise ValueError("set `root` (one folder, split by fractions) or `evaluation_root`")
+        return self
+
+
+class SyntheticData(DataSourceOptions):
+    source: Literal["synthetic"]
+    shape: list[int] = Field(
+        description="Shape of one sample, e.g. [3, 224, 224]."
+    )
+    num_samples: int = Field(64, ge=1)
+    distribution: Literal["normal", "uniform"] = "normal"
+
+
+class PythonData(DataSourceOptions):
+    source: Literal["python"]
+    target: str = Field(
+        description="'module:callable' returning a Dataset, a DataLoader, or a dict of them "
+        "keyed train/calibration/evaluation."
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    split: Split = Field(default_factory=Split)
+    num_classes: int | None = None
+
+
+def load_data(spec: DataSourceOptions, seed: int) -> DataBundle:
+    """Build the loaders the recipe's ``data`` section names, and check they are usable."""
+    entry = SOURCES.get(spec.source)  # type: ignore[attr-defined]
+    bundle = entry.fn(spec, seed)
+    for split in ("calibration", "evaluation"):
+        loader = getattr(bundle, split)
+        if len(loader.dataset) == 0:  # type: ignore[arg-type]
+            raise DataError(
+                f"data: the {split} split is empty", hint="give the source more samples or a larger split"
+            )
+    x = first_inputs(bundle.evaluation)
+    if x.is_floating_point() and not torch.isfinite(x).all():
+        raise DataError(
+            "data: the evaluation inputs contain NaN or infinite values",
+            hint="clean the data or fix its normalisation",
+        )
+    return bundle
+
+
+def _split_indices(n: int, split: Split, seed: int) -> tuple[list[int], list[int], list[int]]:
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_cal = max(1, round(split.calibration * n))
+    n_eval = max(1, round(split.evaluation * n))
+    n_train = min(n - n_cal - n_eval, round(split.train * n))
+    if n_train < 0:
+        raise DataError(f"data: {n} samples are too few for the requested split")
+    return perm[:n_train], perm[n_train : n_train + n_cal], perm[n_train + n_cal : n_train + n_cal + n_eval]
+
+
+def _loaders(
+    spec: DataSourceOptions,
+    seed: int,
+    train: Dataset | None,
+    calibration: Dataset,
+    evaluation: Dataset,
+) -> tuple[DataLoader | None, DataLoader, DataLoader]:
+    def limited(ds: Dataset, batches: int | None) -> Dataset:
+        if batches is None or batches * spec.batch_size >= len(ds):  # type: ignore[arg-type]
+            return ds
+        return Subset(ds, range(batches * spec.batch_size))
+
+    train_loader = None
+    if train is not None and len(train) > 0:  # type: ignore[arg-type]
+        train_loader = DataLoader(
+            train,
+            batch_size=spec.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+        )
+    cal = DataLoader(limited(calibration, spec.calibration_batches), batch_size=spec.batch_size)
+    ev = DataLoader(limited(evaluation, spec.evaluation_batches), batch_size=spec.batch_size)
+    return train_loader, cal, ev
+
+
+def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's bundled 8x8 digits as (N, 1, 8, 8) floats in [0, 1] and int64 labels."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    return x, y
+
+
+@register_data_source("digits", DigitsData)
+def _digits(spec: DigitsData, seed: int) -> DataBundle:
+    """scikit-learn's 1,797 handwritten 8x8 digits (ships with the package, no download)."""
+    x, y = digits_tensors()
+    ds = TensorDataset(x, y)
+    tr, ca, ev = _split_indices(len(ds), spec.split, seed)
+    loaders = _loaders(spec, seed, Subset(ds, tr), Subset(ds, ca), Subset(ds, ev))
+    return DataBundle(*loaders, True, 10, (1, 8, 8), f"digits ({len(tr)}/{len(ca)}/{len(ev)})")
+
+
+@register_data_source("synthetic", SyntheticData)
+def _synthetic(spec: SyntheticData, seed: int) -> DataBundle:
+    """Random tensors of a given shape: latency and fidelity only, no accuracy."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (spec.num_samples, *spec.shape)
+    x = torch.randn(shape, generator=g) if spec.distribution == "normal" else torch.rand(shape, generator=g)
+    ds = TensorDataset(x, torch.full((spec.num_samples,), -1, dtype=torch.int64))
+    _, cal, ev = _loaders(spec, seed, None, ds, ds)
+    return DataBundle(None, cal, ev, False, None, tuple(spec.shape), f"synthetic {list(shape)}")
+
+
+@register_data_source("imagefolder", ImageFolderData)
+def _imagefolder(spec: ImageFolderData, seed: int) -> DataBundle:
+    """Local image folders (one subfolder per class), resized, cropped and normalised."""
+    from torchvision import datasets, transforms
+
+    steps: list[Any] = []
+    if spec.grayscale:
+        steps.append(transforms.Grayscale())
+    steps += [
+        transforms.Resize(spec.resize or spec.image_size),
+        transforms.CenterCrop(spec.image_size),
+        transforms.ToTensor(),
+        transforms.Normalize(spec.mean, spec.std),
+    ]
+    tf = transforms.Compose(steps)
+
+    def folder(path: Path) -> datasets.ImageFolder:
+        if not path.is_dir():
+            raise DataError(f"data: image folder {str(path)!r} does not exist")
+        try:
+            return datasets.ImageFolder(str(path), transform=tf)
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise DataError(
+                f"data: {str(path)!r} is not an image folder: {exc}",
+                hint="it needs one subfolder per class holding .jpg/.png files",
+            ) from exc
+
+    if spec.evaluation_root is not None:
+        ev_ds = folder(spec.evaluation_root)
+        tr_root = spec.train_root or spec.root
+        tr_ds: Dataset | None = folder(tr_root) if tr_root is not None else None
+        if spec.calibration_root is not None:
+            ca_ds: Dataset = folder(spec.calibration_root)
+        else:
+            ca_ds = tr_ds if tr_ds is not None else ev_ds
+        classes = ev_ds.classes
+    else:
+        assert spec.root is not None
+        full = folder(spec.root)
+        tr, ca, ev = _split_indices(len(full), spec.split, seed)
+        tr_ds, ca_ds, ev_ds = Subset(full, tr), Subset(full, ca), Subset(full, ev)  # type: ignore[assignment]
+        classes = full.classes
+    loaders = _loaders(spec, seed, tr_ds, ca_ds, ev_ds)
+    channels = 1 if spec.grayscale else 3
+    return DataBundle(
+        *loaders,
+        True,
+        len(classes),
+        (channels, spec.image_size, spec.image_size),
+        f"imagefolder ({len(classes)} classes, {len(ev_ds)} evaluation images)",  # type: ignore[arg-type]
+    )
+
+
+@register_data_source("python", PythonData)
+def _python(spec: PythonData, seed: int) -> DataBundle:
+    """A callable returning a Dataset, a DataLoader or a dict of them per split."""
+    from .models import resolve_callable
+
+    try:
+        fn = resolve_callable(spec.target, "data.target")
+    except Exception as exc:
+        raise DataError(str(exc)) from exc
+    obj = fn(**spec.kwargs)
+
+    def as_dataset(item: Any, name: str) -> Dataset:
+        if isinstance(item, DataLoader):
+            return item.dataset
+        if isinstance(item, Dataset):
+            return item
+        raise DataError(
+            f"data.target returned {type(item).__name__} for {name}, not a Dataset or DataLoader"
+        )
+
+    if isinstance(obj, dict):
+        unknown = set(obj) - {"train", "calibration", "evaluation"}
+        if unknown or "evaluation" not in obj:
+            raise DataError(
+                "data.target's dict needs an 'evaluation' key and may have 'train', 'calibration'; "
+                f"got {sorted(obj)}"
+            )
+        ev_ds = as_dataset(obj["evaluation"], "evaluation")
+        tr_ds = as_dataset(obj["train"], "train") if "train" in obj else None
+        ca_ds = as_dataset(obj["calibration"], "calibration") if "calibration" in obj else (tr_ds or ev_ds)
+    else:
+        full = as_dataset(obj, "the data")
+        tr, ca, ev = _split_indices(len(full), spec.split, seed)  # type: ignore[arg-type]
+        tr_ds, ca_ds, ev_ds = Subset(full, tr), Subset(full, ca), Subset(full, ev)
+    if len(ev_ds) == 0:  # type: ignore[arg-type]
+        raise DataError("data: the evaluation split is empty", hint="the callable returned no samples")
+    sample = ev_ds[0]
+    x, y = (sample[0], sample[1]) if isinstance(sample, tuple | list) and len(sample) > 1 else (sample, None)
+    if not isinstance(x, torch.Tensor):
+        raise DataError(f"data: samples must be tensors (or (tensor, label) pairs), got {type(x).__name__}")
+    has_labels = y is not None and int(torch.as_tensor(y).reshape(-1)[0]) >= 0
+    if y is None:
+        raise DataError(
+            "data: samples must be (input, label) pairs; use label -1 when there are no labels"
+        )
+    loaders = _loaders(spec, seed, tr_ds, ca_ds, ev_ds)
+    return DataBundle(*loaders, has_labels, spec.num_classes, tuple(x.shape), f"python {spec.target}")

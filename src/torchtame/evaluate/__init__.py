@@ -1,0 +1,16 @@
+"""Measurements of a variant: accuracy and fidelity, latency, size, MACs."""
+
+from .accuracy import METRICS, evaluate_accuracy, predict
+from .latency import LatencyStats, measure_latency
+from .runner import make_runner
+from .size import size_report
+
+__all__ = [
+    "METRICS",
+    "LatencyStats",
+    "evaluate_accuracy",
+    "make_runner",
+    "measure_latency",
+    "predict",
+    "size_report",
+]

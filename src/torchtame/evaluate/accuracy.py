@@ -1,0 +1,82 @@
+"""Accuracy metrics (top-1, top-5) and fidelity against the baseline's outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..onnx_runtime import compare_outputs
+
+MetricFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], dict[str, float] | None]
+
+
+def _topk(k: int) -> MetricFn:
+    def metric(logits: torch.Tensor, labels: torch.Tensor | None, ref: torch.Tensor | None) -> Any:
+        if labels is None or logits.dim() != 2 or logits.shape[1] < k:
+            return None
+        top = logits.topk(k, dim=1).indices
+        hit = (top == labels.unsqueeze(1)).any(dim=1).float().mean().item()
+        return {f"top{k}": round(100.0 * hit, 3)}
+
+    return metric
+
+
+def _fidelity(logits: torch.Tensor, labels: torch.Tensor | None, ref: torch.Tensor | None) -> Any:
+    if ref is None or ref.shape != logits.shape:
+        return None
+    f = compare_outputs(ref, logits)
+    return {
+        "top1_agreement": round(100.0 * f["top1_agreement"], 3),
+        "max_abs_error": f["max_abs_error"],
+        "mean_abs_error": f["mean_abs_error"],
+        "cosine_similarity": f["cosine_similarity"],
+    }
+
+
+METRICS: dict[str, MetricFn] = {"top1": _topk(1), "top5": _topk(5), "fidelity": _fidelity}
+
+
+def register_metric(name: str) -> Callable[[MetricFn], MetricFn]:
+    """Register ``fn(logits, labels|None, baseline_logits|None) -> dict | None`` as a metric."""
+
+    def decorator(fn: MetricFn) -> MetricFn:
+        METRICS[name] = fn
+        return fn
+
+    return decorator
+
+
+def predict(
+    run: Callable[[torch.Tensor], torch.Tensor],
+    prepare: Callable[[torch.Tensor], torch.Tensor],
+    loader: DataLoader,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs (float32, CPU) and labels over the whole loader."""
+    outs, labels = [], []
+    for x, y, *_ in loader:
+        out = run(prepare(x))
+        if isinstance(out, tuple | list):
+            out = out[0]
+        outs.append(out.detach().float().cpu())
+        labels.append(y)
+    return torch.cat(outs), torch.cat(labels)
+
+
+def evaluate_accuracy(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    baseline_logits: torch.Tensor | None,
+    metrics: list[str],
+) -> dict[str, Any]:
+    """Each requested metric that applies; labels None means accuracy is not measured."""
+    result: dict[str, Any] = {}
+    for name in metrics:
+        value = METRICS[name](logits, labels, baseline_logits)
+        if value is not None:
+            result.update(value)
+    if not torch.isfinite(logits).all():
+        result["non_finite_outputs"] = int((~torch.isfinite(logits)).sum().item())
+    return result

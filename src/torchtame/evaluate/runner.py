@@ -1,0 +1,56 @@
+"""A uniform callable ``run(x) -> logits`` for torch and ONNX variants on one device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from ..errors import PassError
+from ..onnx_runtime import cuda_provider_available, run_session, session
+from ..passes.quantize import engine
+from ..variant import Variant
+
+Runner = Callable[[torch.Tensor], torch.Tensor]
+
+
+@contextmanager
+def make_runner(
+    variant: Variant, device: str, threads: int | None = None, inference_mode: bool = True
+) -> Iterator[tuple[Runner, Callable[[torch.Tensor], torch.Tensor]]]:
+    """Yield ``(run, prepare)``: ``prepare`` moves/casts an input, ``run`` returns raw outputs.
+
+    Torch variants are moved to ``device`` for the duration and moved back to the CPU after;
+    quantized variants run under their own quantized engine.
+    """
+    if variant.kind == "onnx":
+        assert variant.onnx_path is not None
+        if device.startswith("cuda") and not cuda_provider_available():
+            raise PassError("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+        sess = session(variant.onnx_path, device, threads)
+        yield (lambda x: run_session(sess, x)), (lambda x: x.to(variant.input_dtype))
+        return
+    assert variant.module is not None
+    module = variant.module
+    module.to(device)
+    ctx = torch.inference_mode if inference_mode else torch.no_grad
+    saved_threads = torch.get_num_threads()
+
+    def prepare(x: torch.Tensor) -> torch.Tensor:
+        return x.to(device=device, dtype=variant.input_dtype)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with ctx():
+            return module(x)
+
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        with engine(variant.backend):
+            yield run, prepare
+    finally:
+        torch.set_num_threads(saved_threads)
+        module.to("cpu")
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()

@@ -1,0 +1,248 @@
+"""Model sources: torchvision by name, ``module:callable``, checkpoints, TorchScript.
+
+Each source is registered with its own options model; ``load_model`` dispatches on ``source``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import pickle
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from .errors import ModelLoadError
+from .recipe import ModelSourceOptions
+from .registry import Registry
+
+ModelFn = Callable[[Any], nn.Module]
+SOURCES: Registry[ModelFn] = Registry("model source")
+
+
+def register_model_source(name: str, options: type[ModelSourceOptions]) -> Callable[[ModelFn], ModelFn]:
+    """Register a model source: ``fn(options) -> nn.Module``."""
+    return SOURCES.register(name, options)
+
+
+class TorchvisionModel(ModelSourceOptions):
+    source: Literal["torchvision"]
+    name: str = Field(description="Architecture, e.g. resnet18, mobilenet_v3_small.")
+    weights: Path | None = Field(None, description="Local state-dict file (no download).")
+    num_classes: int | None = Field(None, ge=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PythonModel(ModelSourceOptions):
+    source: Literal["python"]
+    target: str = Field(description="'package.module:callable' or 'path/file.py:callable'.")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckpointModel(ModelSourceOptions):
+    source: Literal["checkpoint"]
+    path: Path
+    architecture: str | None = Field(
+        None,
+        description="torchvision name or 'module:callable' building the model the state dict "
+        "fits; omit for a checkpoint that holds a whole saved module.",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    key: str | None = Field(None, description="Key of the state dict inside the checkpoint dict.")
+    trust_checkpoint: bool = Field(
+        False, description="Allow pickled Python objects (only for checkpoints you trust)."
+    )
+
+
+class TorchScriptModel(ModelSourceOptions):
+    source: Literal["torchscript"]
+    path: Path
+
+
+def load_model(spec: ModelSourceOptions) -> nn.Module:
+    """Build the model the recipe's ``model`` section names, in eval mode."""
+    entry = SOURCES.get(spec.source)  # type: ignore[attr-defined]
+    model = entry.fn(spec)
+    if not isinstance(model, nn.Module):
+        raise ModelLoadError(
+            f"model source {entry.name!r} returned {type(model).__name__}, not a torch.nn.Module",
+            hint="the callable must return an nn.Module instance",
+        )
+    return model.eval()
+
+
+def resolve_callable(target: str, what: str = "target") -> Callable[..., Any]:
+    """Import ``package.module:attr`` or ``path/to/file.py:attr``."""
+    if ":" not in target:
+        raise ModelLoadError(
+            f"{what} {target!r} is not of the form 'package.module:callable'",
+            hint="write e.g. 'torchtame.zoo:digits_cnn' or 'mymodels.py:build'",
+        )
+    module_name, _, attr = target.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise ModelLoadError(f"{what}: file {module_name!r} does not exist")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ModelLoadError:
+        raise
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"{what} {target!r}: cannot import module {module_name!r} ({exc})",
+            hint="check the spelling and that the module is importable (PYTHONPATH)",
+        ) from exc
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(module) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3)
+            raise ModelLoadError(
+                f"{what} {target!r}: module {module_name!r} has no attribute {part!r}",
+                hint=f"did you mean {', '.join(close)}?" if close else None,
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelLoadError(f"{what} {target!r} is not callable")
+    return obj
+
+
+def _torchvision_builder(name: str) -> Callable[..., nn.Module]:
+    import torchvision
+
+    names = torchvision.models.list_models()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3)
+        raise ModelLoadError(
+            f"torchvision has no model {name!r}",
+            hint=f"did you mean {', '.join(close)}?" if close else "see torchvision.models.list_models()",
+        )
+    return lambda **kw: torchvision.models.get_model(name, weights=None, **kw)
+
+
+def _load_file(path: Path, trust: bool) -> Any:
+    if not path.is_file():
+        raise ModelLoadError(f"checkpoint file {str(path)!r} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust)
+    except pickle.UnpicklingError as exc:
+        if not trust:
+            raise ModelLoadError(
+                f"checkpoint {str(path)!r} holds pickled Python objects (e.g. a whole module), "
+                "which are refused by default because unpickling can run arbitrary code",
+                hint="save a state dict instead, or set `trust_checkpoint: true` if you trust it",
+            ) from exc
+        raise ModelLoadError(f"checkpoint {str(path)!r} cannot be read: {exc}") from exc
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise ModelLoadError(
+            f"checkpoint {str(path)!r} is not a readable torch file: {str(exc).splitlines()[0]}"
+        ) from exc
+
+
+def load_state_dict_into(model: nn.Module, state: Any, where: str, key: str | None = None) -> None:
+    """Load a state dict (possibly nested under a key) with a readable error on mismatch."""
+    if isinstance(state, dict) and key is not None:
+        if key not in state:
+            raise ModelLoadError(f"{where}: no key {key!r}; keys: {', '.join(map(str, state))}")
+        state = state[key]
+    elif isinstance(state, dict):
+        for candidate in ("state_dict", "model_state_dict", "model"):
+            if isinstance(state.get(candidate), dict):
+                state = state[candidate]
+                break
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"{where} holds a {type(state).__name__}, not a state dict")
+    result = model.load_state_dict(state, strict=False)
+    problems = []
+    if result.missing_keys:
+        problems.append(f"{len(result.missing_keys)} missing (e.g. {result.missing_keys[0]})")
+    if result.unexpected_keys:
+        problems.append(f"{len(result.unexpected_keys)} unexpected (e.g. {result.unexpected_keys[0]})")
+    if problems:
+        raise ModelLoadError(
+            f"{where} does not fit the architecture: keys {'; '.join(problems)}",
+            hint="check that `architecture` (and its kwargs, e.g. num_classes) match the checkpoint",
+        )
+
+
+def _size_mismatch(exc: RuntimeError, where: str) -> ModelLoadError:
+    first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc))
+    return ModelLoadError(
+        f"{where} does not fit the architecture: {first}",
+        hint="check `num_classes` and the architecture's kwargs",
+    )
+
+
+@register_model_source("torchvision", TorchvisionModel)
+def _torchvision(spec: TorchvisionModel) -> nn.Module:
+    """A torchvision architecture, with weights from a local file."""
+    kwargs = dict(spec.kwargs)
+    if spec.num_classes is not None:
+        kwargs["num_classes"] = spec.num_classes
+    model = _torchvision_builder(spec.name)(**kwargs)
+    if spec.weights is not None:
+        state = _load_file(spec.weights, trust=False)
+        try:
+            load_state_dict_into(model, state, f"weights file {str(spec.weights)!r}")
+        except RuntimeError as exc:
+            raise _size_mismatch(exc, f"weights file {str(spec.weights)!r}") from exc
+    return model
+
+
+@register_model_source("python", PythonModel)
+def _python(spec: PythonModel) -> nn.Module:
+    """Whatever ``package.module:callable(**kwargs)`` returns."""
+    fn = resolve_callable(spec.target, "model.target")
+    try:
+        return fn(**spec.kwargs)
+    except TypeError as exc:
+        raise ModelLoadError(f"model.target {spec.target!r} rejected its kwargs: {exc}") from exc
+
+
+@register_model_source("checkpoint", CheckpointModel)
+def _checkpoint(spec: CheckpointModel) -> nn.Module:
+    """A state dict for a given architecture, or a whole saved module (trusted only)."""
+    obj = _load_file(spec.path, trust=spec.trust_checkpoint)
+    where = f"checkpoint {str(spec.path)!r}"
+    if isinstance(obj, nn.Module):
+        return obj
+    if spec.architecture is None:
+        raise ModelLoadError(
+            f"{where} holds a state dict, so the model's architecture is needed",
+            hint="set `architecture:` to a torchvision name or 'module:callable'",
+        )
+    if ":" in spec.architecture:
+        model = resolve_callable(spec.architecture, "model.architecture")(**spec.kwargs)
+    else:
+        model = _torchvision_builder(spec.architecture)(**spec.kwargs)
+    try:
+        load_state_dict_into(model, obj, where, spec.key)
+    except RuntimeError as exc:
+        raise _size_mismatch(exc, where) from exc
+    return model
+
+
+@register_model_source("torchscript", TorchScriptModel)
+def _torchscript(spec: TorchScriptModel) -> nn.Module:
+    """A TorchScript archive (torch.jit.save)."""
+    if not spec.path.is_file():
+        raise ModelLoadError(f"TorchScript file {str(spec.path)!r} does not exist")
+    try:
+        return torch.jit.load(str(spec.path), map_location="cpu")
+    except RuntimeError as exc:
+        raise ModelLoadError(
+            f"{str(spec.path)!r} is not a TorchScript archive: {str(exc).splitlines()[0]}",
+            hint="use `source: checkpoint` for torch.save files",
+        ) from exc

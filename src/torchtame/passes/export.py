@@ -1,0 +1,260 @@
+"""ONNX: export a variant, verify it (checker + onnxruntime parity), quantize it with onnxruntime."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from .._warnings import caught
+from ..errors import PassError
+from ..onnx_runtime import parity, session
+from ..recipe import Strict
+from ..variant import PassContext, Variant
+from . import register_pass
+from .quantize import engine
+
+log = logging.getLogger("torchtame")
+TWO_GB = 2 * 1024**3
+
+
+class OnnxOptions(Strict):
+    opset: int | None = Field(None, ge=7, le=25, description="Default: the exporter's own.")
+    exporter: Literal["dynamo", "torchscript"] = "dynamo"
+    fallback: bool = Field(True, description="Retry with the TorchScript exporter if dynamo fails.")
+    dynamic_batch: bool = True
+    input_name: str = "input"
+    output_name: str = "output"
+    verify: bool = True
+    atol: float = Field(1e-4, ge=0)
+    rtol: float = Field(1e-3, ge=0, description="Relative to the largest reference output.")
+    min_top1_agreement: float = Field(0.99, ge=0, le=1)
+    parity_batches: int = Field(4, ge=1)
+
+
+def _export(module: nn.Module, example: torch.Tensor, path: Path, opts: OnnxOptions, exporter: str) -> None:
+    kwargs: dict[str, Any] = {
+        "input_names": [opts.input_name],
+        "output_names": [opts.output_name],
+    }
+    if opts.opset is not None:
+        kwargs["opset_version"] = opts.opset
+    if exporter == "dynamo":
+        kwargs.update(dynamo=True, external_data=True, verbose=False, report=False)
+        if opts.dynamic_batch:
+            kwargs["dynamic_shapes"] = ({0: torch.export.Dim("batch", min=1)},)
+    else:
+        kwargs["dynamo"] = False
+        if opts.dynamic_batch:
+            kwargs["dynamic_axes"] = {opts.input_name: {0: "batch"}, opts.output_name: {0: "batch"}}
+    with torch.no_grad():
+        torch.onnx.export(module, (example,), str(path), **kwargs)
+
+
+def merge_external_data(path: Path) -> bool:
+    """Fold an ``.onnx.data`` side file into the model when it fits under 2 GB; True if merged."""
+    import onnx
+
+    side = [p for p in path.parent.glob(path.name + "*") if p != path]
+    if not side:
+        return False
+    total = path.stat().st_size + sum(p.stat().st_size for p in side)
+    if total >= TWO_GB:
+        return False
+    model = onnx.load(str(path), load_external_data=True)
+    onnx.save_model(model, str(path), save_as_external_data=False)
+    for p in side:
+        p.unlink()
+    return True
+
+
+def export_onnx(
+    module: nn.Module, example: torch.Tensor, path: Path, opts: OnnxOptions, quantized: bool
+) -> dict[str, Any]:
+    """Export ``module`` to ``path`` and run onnx's checker; returns which exporter was used."""
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    exporter = "torchscript" if quantized else opts.exporter
+    attempts = [exporter] + (["torchscript"] if exporter == "dynamo" and opts.fallback else [])
+    errors = []
+    for name in attempts:
+        try:
+            with caught(f"export.onnx ({name})"), open(os.devnull, "w") as devnull:
+                with contextlib.redirect_stdout(devnull):
+                    _export(module, example, path, opts, name)
+            break
+        except Exception as exc:  # noqa: BLE001 - exporters raise many kinds
+            first = str(exc).strip().splitlines()[0][:240] if str(exc).strip() else type(exc).__name__
+            errors.append(f"{name}: {first}")
+            log.info("ONNX export with the %s exporter failed: %s", name, first)
+    else:
+        hint = (
+            "torch.ao-quantized models export only with the TorchScript exporter, and not every "
+            "quantized op has an ONNX form; export the float variant and use quantize.onnx instead"
+            if quantized
+            else "try `exporter: torchscript`, another `opset`, or simplify the model's forward"
+        )
+        raise PassError("ONNX export failed: " + " | ".join(errors), hint=hint)
+    merged = merge_external_data(path)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # noqa: BLE001
+        raise PassError(f"the exported ONNX model fails onnx.checker: {str(exc)[:300]}") from exc
+    return {"exporter": name, "fallback_errors": errors, "merged_external_data": merged}
+
+
+def verify(
+    variant_fn: Any,
+    path: Path,
+    ctx: PassContext,
+    opts: OnnxOptions,
+    input_dtype: torch.dtype,
+    quantized: bool,
+) -> dict[str, float]:
+    """Parity of the ONNX model with its PyTorch source on evaluation batches; raises on failure."""
+    sess = session(path, "cpu")
+    figures = parity(variant_fn, sess, ctx.data.evaluation, opts.parity_batches, input_dtype)
+    limit = opts.atol + opts.rtol * figures["reference_max_abs"]
+    numeric_ok = quantized or figures["max_abs_error"] <= limit
+    agree_ok = figures["top1_agreement"] >= opts.min_top1_agreement
+    figures["passed"] = float(numeric_ok and agree_ok)
+    if not (numeric_ok and agree_ok):
+        raise PassError(
+            "ONNX parity check failed: "
+            f"max abs error {figures['max_abs_error']:.3g} (allowed {limit:.3g}), "
+            f"top-1 agreement {figures['top1_agreement']:.3f} (needed {opts.min_top1_agreement})",
+            hint="raise `atol`/`rtol` if the difference is acceptable, or try the other exporter",
+        )
+    return figures
+
+
+@register_pass("export.onnx", OnnxOptions)
+def export_onnx_pass(model: nn.Module | None, ctx: PassContext, opts: OnnxOptions) -> Variant:
+    """Export to ONNX, check it with onnx.checker and compare with PyTorch in onnxruntime."""
+    parent = ctx.parent
+    if model is None:
+        raise PassError(f"{parent.name!r} is already an ONNX model", hint="export from a torch variant")
+    if parent.dtype in ("float16", "bfloat16"):
+        raise PassError(
+            f"export of {parent.dtype} variants is not supported here",
+            hint="export the float32 variant; onnxruntime can convert precision afterwards",
+        )
+    path = ctx.work_dir / "model.onnx"
+    example = ctx.example_input
+    if opts.dynamic_batch and example.shape[0] == 1:
+        example = example.repeat(2, *([1] * (example.dim() - 1)))
+    with engine(parent.backend):
+        info = export_onnx(model, example, path, opts, parent.quantized)
+        if opts.verify:
+            info["parity"] = verify(model, path, ctx, opts, parent.input_dtype, parent.quantized)
+    return ctx.variant(
+        None,
+        onnx_path=path,
+        dtype=parent.dtype,
+        devices="any",
+        info={**info, "opset": opts.opset},
+    )
+
+
+class OnnxQuantOptions(Strict):
+    mode: Literal["static", "dynamic"] = "static"
+    format: Literal["QDQ", "QOperator"] = "QDQ"
+    per_channel: bool = True
+    calibration_method: Literal["MinMax", "Entropy", "Percentile"] = "MinMax"
+    calibration_batches: int | None = Field(None, ge=1)
+    weight_type: Literal["int8", "uint8"] = "int8"
+    activation_type: Literal["int8", "uint8"] = "uint8"
+    preprocess: bool = Field(True, description="Run quant_pre_process (shape inference) first.")
+    reduce_range: bool = False
+    export: OnnxOptions = Field(
+        default_factory=OnnxOptions, description="Used when the source is a torch variant."
+    )
+
+
+class _Reader:
+    """onnxruntime CalibrationDataReader over the recipe's calibration loader."""
+
+    def __init__(self, loader: Any, input_name: str, batches: int | None) -> None:
+        self._it = iter(loader)
+        self.name = input_name
+        self.left = batches if batches is not None else len(loader)
+
+    def get_next(self) -> dict[str, Any] | None:
+        if self.left <= 0:
+            return None
+        batch = next(self._it, None)
+        if batch is None:
+            return None
+        self.left -= 1
+        return {self.name: batch[0].numpy()}
+
+
+@register_pass("quantize.onnx", OnnxQuantOptions)
+def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOptions) -> Variant:
+    """int8 quantization of an ONNX model with onnxruntime.quantization (static or dynamic)."""
+    import onnx
+    from onnxruntime import quantization as oq
+
+    parent = ctx.parent
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    if parent.kind == "onnx":
+        assert parent.onnx_path is not None
+        source = parent.onnx_path
+    else:
+        if not parent.is_float or parent.dtype != "float32":
+            raise PassError(
+                f"quantize.onnx needs a float32 or ONNX variant; {parent.name!r} is {parent.dtype}"
+            )
+        assert model is not None
+        source = ctx.work_dir / "float.onnx"
+        example = ctx.example_input.repeat(2, *([1] * (ctx.example_input.dim() - 1)))
+        export_onnx(model, example, source, opts.export, quantized=False)
+    src_model = onnx.load(str(source))
+    input_name = src_model.graph.input[0].name
+    if opts.preprocess:
+        pre = ctx.work_dir / "preprocessed.onnx"
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        with caught("quant_pre_process"):
+            quant_pre_process(str(source), str(pre), skip_symbolic_shape=False)
+        source = pre
+    out = ctx.work_dir / "model.onnx"
+    qtype = {"int8": oq.QuantType.QInt8, "uint8": oq.QuantType.QUInt8}
+    with caught("onnxruntime.quantization"):
+        if opts.mode == "dynamic":
+            oq.quantize_dynamic(
+                str(source), str(out), weight_type=qtype[opts.weight_type], per_channel=opts.per_channel,
+                reduce_range=opts.reduce_range,
+            )
+        else:
+            oq.quantize_static(
+                str(source),
+                str(out),
+                _Reader(ctx.data.calibration, input_name, opts.calibration_batches),
+                quant_format=oq.QuantFormat.QDQ if opts.format == "QDQ" else oq.QuantFormat.QOperator,
+                per_channel=opts.per_channel,
+                reduce_range=opts.reduce_range,
+                weight_type=qtype[opts.weight_type],
+                activation_type=qtype[opts.activation_type],
+                calibrate_method=getattr(oq.CalibrationMethod, opts.calibration_method),
+            )
+    for tmp in ctx.work_dir.glob("*.onnx"):
+        if tmp != out:
+            tmp.unlink()
+    for tmp in ctx.work_dir.glob("*.onnx.data"):
+        tmp.unlink()
+    return ctx.variant(
+        None,
+        onnx_path=out,
+        dtype=f"onnx-{opts.mode}-int8",
+        quantized=True,
+        info={"mode": opts.mode, "format": opts.format, "per_channel": opts.per_channel,
+              "calibration_method": opts.calibration_method if opts.mode == "static" else None},
+    )

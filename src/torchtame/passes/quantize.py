@@ -1,0 +1,351 @@
+"""Post-training quantization through torch.ao.quantization, and fp16/bf16 casts.
+
+- ``quantize.dynamic``: int8 or float16 weights, activations quantized on the fly (Linear, RNNs).
+- ``quantize.static``: int8 weights and activations calibrated on the recipe's calibration split;
+  FX graph mode by default (no model edits), eager mode with automatic fusion as an option.
+- ``quantize.half``: the whole model cast to float16 or bfloat16 (inputs cast likewise).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from ..errors import PassError
+from ..recipe import Strict
+from ..variant import PassContext, Variant
+from . import register_pass
+from ._select import match_modules
+
+DYNAMIC_TYPES: dict[str, type[nn.Module]] = {
+    "Linear": nn.Linear,
+    "LSTM": nn.LSTM,
+    "GRU": nn.GRU,
+    "LSTMCell": nn.LSTMCell,
+    "GRUCell": nn.GRUCell,
+    "RNNCell": nn.RNNCell,
+}
+Backend = Literal["x86", "fbgemm", "onednn", "qnnpack"]
+
+
+def default_backend() -> str:
+    engines = torch.backends.quantized.supported_engines
+    for name in ("x86", "fbgemm", "qnnpack", "onednn"):
+        if name in engines:
+            return name
+    raise PassError("this PyTorch build has no quantized engine", hint="install a standard build")
+
+
+def check_backend(backend: str | None) -> str:
+    """The engine to use, checked against what this PyTorch build supports."""
+    if backend is None:
+        return default_backend()
+    engines = [e for e in torch.backends.quantized.supported_engines if e != "none"]
+    if backend not in engines:
+        raise PassError(
+            f"quantization backend {backend!r} is not supported by this PyTorch build",
+            hint=f"use one of: {', '.join(engines)} (see `optimize env`)",
+        )
+    return backend
+
+
+class engine:
+    """Context manager: set torch's quantized engine, restore it afterwards."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+        self.saved = torch.backends.quantized.engine
+
+    def __enter__(self) -> None:
+        if self.name:
+            torch.backends.quantized.engine = self.name
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.quantized.engine = self.saved
+
+
+def _module_types(names: list[str]) -> list[type[nn.Module]]:
+    out = []
+    for name in names:
+        tp = getattr(nn, name, None)
+        if not (isinstance(tp, type) and issubclass(tp, nn.Module)):
+            raise PassError(f"{name!r} is not a torch.nn module type", hint="e.g. Linear, Conv2d, LSTM")
+        out.append(tp)
+    return out
+
+
+# --------------------------------------------------------------------------- dynamic
+
+
+class DynamicOptions(Strict):
+    dtype: Literal["qint8", "float16"] = "qint8"
+    modules: list[Literal["Linear", "LSTM", "GRU", "LSTMCell", "GRUCell", "RNNCell"]] = Field(
+        default_factory=lambda: list(DYNAMIC_TYPES), description="Module types to quantize."
+    )
+    exclude: list[str] = Field(default_factory=list, description="Module names or regexes kept float.")
+    backend: Backend | None = None
+
+
+@register_pass("quantize.dynamic", DynamicOptions)
+def quantize_dynamic(model: nn.Module | None, ctx: PassContext, opts: DynamicOptions) -> Variant:
+    """Dynamic quantization: int8 (or float16) weights, activations quantized at run time."""
+    assert model is not None
+    from torch.ao.quantization import default_dynamic_qconfig, float16_dynamic_qconfig, quantize_dynamic
+
+    backend = check_backend(opts.backend)
+    qconfig = default_dynamic_qconfig if opts.dtype == "qint8" else float16_dynamic_qconfig
+    spec: dict[Any, Any] = {DYNAMIC_TYPES[m]: qconfig for m in opts.modules}
+    excluded = match_modules(model, opts.exclude, "exclude")
+    for name in excluded:
+        spec[name] = None
+    types = tuple(DYNAMIC_TYPES[m] for m in opts.modules)
+    targets = [n for n, m in model.named_modules() if isinstance(m, types) and n not in excluded]
+    if not targets:
+        raise PassError(
+            f"the model has no {'/'.join(opts.modules)} layer to quantize dynamically",
+            hint="dynamic quantization targets Linear and RNN layers; for conv nets use quantize.static",
+        )
+    with engine(backend):
+        q = quantize_dynamic(model.eval(), spec, dtype=getattr(torch, opts.dtype))
+    return ctx.variant(
+        q,
+        quantized=True,
+        devices="cpu_only",
+        backend=backend,
+        dtype=f"dynamic-{opts.dtype}",
+        info={"quantized_layers": len(targets), "kept_float": excluded, "backend": backend},
+    )
+
+
+# --------------------------------------------------------------------------- static
+
+
+class StaticOptions(Strict):
+    mode: Literal["fx", "eager"] = Field("fx", description="FX graph mode (default) or eager mode.")
+    backend: Backend | None = None
+    calibration_batches: int | None = Field(None, ge=1, description="Default: the whole split.")
+    activation_observer: Literal["minmax", "moving_average", "histogram"] = "histogram"
+    weight_granularity: Literal["per_channel", "per_tensor"] = "per_channel"
+    activation_symmetric: bool = False
+    keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
+    keep_float_types: list[str] = Field(default_factory=list, description="e.g. [Linear].")
+    fuse: bool = Field(True, description="Eager mode: fuse Conv-BN(-ReLU) and Linear-ReLU first.")
+
+
+def build_qconfig(opts: StaticOptions, backend: str) -> Any:
+    from torch.ao.quantization import QConfig, observer
+
+    reduce_range = backend in ("x86", "fbgemm")
+    qscheme = torch.per_tensor_symmetric if opts.activation_symmetric else torch.per_tensor_affine
+    act_cls = {
+        "minmax": observer.MinMaxObserver,
+        "moving_average": observer.MovingAverageMinMaxObserver,
+        "histogram": observer.HistogramObserver,
+    }[opts.activation_observer]
+    activation = act_cls.with_args(dtype=torch.quint8, qscheme=qscheme, reduce_range=reduce_range)
+    if opts.weight_granularity == "per_channel":
+        weight = observer.PerChannelMinMaxObserver.with_args(
+            dtype=torch.qint8, qscheme=torch.per_channel_symmetric
+        )
+    else:
+        weight = observer.MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
+    return QConfig(activation=activation, weight=weight)
+
+
+def calibrate(model: nn.Module, ctx: PassContext, batches: int | None, description: str) -> int:
+    """Run calibration batches through an observed model; returns how many were used."""
+    loader = ctx.data.calibration
+    total = len(loader) if batches is None else min(batches, len(loader))
+    used = 0
+    with torch.inference_mode(), ctx.progress.task(description, total=total) as task:
+        for x, *_ in loader:
+            if used >= total:
+                break
+            model(x)
+            used += 1
+            task.advance(1)
+    return used
+
+
+class _ProbeTracer(torch.fx.Tracer):
+    """An FX tracer that remembers which module it was inside when tracing failed."""
+
+    def __init__(self, leaves: set[str]) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.failed_at: list[str] | None = None
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return qualname in self.leaves or super().is_leaf_module(m, qualname)
+
+    def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        self.stack.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_at is None:
+                self.failed_at = list(self.stack)
+            raise
+        finally:
+            self.stack.pop()
+
+
+def untraceable_module(model: nn.Module, leaves: set[str]) -> tuple[str, str] | None:
+    """(module path, error) of the innermost module FX cannot trace, or None if it traces."""
+    tracer = _ProbeTracer(leaves)
+    try:
+        tracer.trace(model)
+    except Exception as exc:  # noqa: BLE001 - any trace failure is reported
+        where = tracer.failed_at[-1] if tracer.failed_at else ""
+        return where, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
+
+
+def _static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
+    from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
+    from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    mapping: QConfigMapping = get_default_qconfig_mapping(backend)
+    mapping.set_global(build_qconfig(opts, backend))
+    keep = match_modules(model, opts.keep_float, "keep_float")
+    for name in keep:
+        mapping.set_module_name(name, None)
+    for tp in _module_types(opts.keep_float_types):
+        mapping.set_object_type(tp, None)
+    custom = PrepareCustomConfig().set_non_traceable_module_names(keep)
+    problem = untraceable_module(model, set(keep))
+    if problem is not None:
+        where, error = problem
+        kind = type(model.get_submodule(where)).__name__ if where else type(model).__name__
+        target = f"module {where!r} ({kind})" if where else f"the model's own forward ({kind})"
+        raise PassError(
+            f"FX cannot trace {target}: {error}",
+            hint=(f"add `keep_float: [{where}]` to keep it in float, or " if where else "")
+            + "use `mode: eager` (needs QuantStub-style models)",
+        )
+    example = (ctx.example_input,)
+    prepared = prepare_fx(model.eval(), mapping, example, prepare_custom_config=custom)
+    calibrate(prepared, ctx, opts.calibration_batches, "calibrate (fx)")
+    return convert_fx(prepared)
+
+
+def fusion_groups(model: nn.Module) -> list[list[str]]:
+    """Conv-BN(-ReLU), Conv-ReLU and Linear-ReLU runs of consecutive children, safe to fuse.
+
+    ReLU is fused only inside ``nn.Sequential`` (where child order is execution order); in other
+    parents only Conv-BN pairs, since a ReLU module there may be shared by several calls.
+    """
+    groups: list[list[str]] = []
+    for parent_name, parent in model.named_modules():
+        names = list(parent._modules)
+        mods = [parent._modules[n] for n in names]
+        seq = isinstance(parent, nn.Sequential)
+        prefix = f"{parent_name}." if parent_name else ""
+        i = 0
+        while i < len(mods):
+            m = mods[i]
+            nxt = mods[i + 1] if i + 1 < len(mods) else None
+            nxt2 = mods[i + 2] if i + 2 < len(mods) else None
+            conv = isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)
+            bn = isinstance(nxt, nn.BatchNorm1d | nn.BatchNorm2d | nn.BatchNorm3d)
+            if conv and bn and seq and isinstance(nxt2, nn.ReLU):
+                groups.append([prefix + names[i], prefix + names[i + 1], prefix + names[i + 2]])
+                i += 3
+            elif conv and bn:
+                groups.append([prefix + names[i], prefix + names[i + 1]])
+                i += 2
+            elif seq and (conv or isinstance(m, nn.Linear)) and isinstance(nxt, nn.ReLU):
+                groups.append([prefix + names[i], prefix + names[i + 1]])
+                i += 2
+            else:
+                i += 1
+    return groups
+
+
+def _static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
+    from torch.ao.quantization import QuantWrapper, convert, fuse_modules, prepare
+
+    model = model.eval()
+    groups = fusion_groups(model) if opts.fuse else []
+    if groups:
+        model = fuse_modules(model, groups)
+    wrapped = QuantWrapper(model)
+    wrapped.qconfig = build_qconfig(opts, backend)
+    keep_types = tuple(_module_types(opts.keep_float_types))
+    for name in match_modules(model, opts.keep_float, "keep_float"):
+        model.get_submodule(name).qconfig = None
+    for _, m in model.named_modules():
+        if keep_types and isinstance(m, keep_types):
+            m.qconfig = None
+    prepared = prepare(wrapped)
+    calibrate(prepared, ctx, opts.calibration_batches, "calibrate (eager)")
+    q = convert(prepared)
+    try:
+        with torch.inference_mode():
+            q(ctx.example_input)
+    except (RuntimeError, NotImplementedError) as exc:
+        raise PassError(
+            f"eager-mode quantized model fails to run: {str(exc).splitlines()[0][:200]}",
+            hint="eager mode needs functional ops (+, cat) as nn.quantized.FloatFunctional; "
+            "use `mode: fx` or keep_float for the failing block",
+        ) from exc
+    return q
+
+
+@register_pass("quantize.static", StaticOptions)
+def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
+    """Static int8 post-training quantization calibrated on the calibration split."""
+    assert model is not None
+    if ctx.parent.quantized or ctx.parent.dtype != "float32":
+        raise PassError(
+            f"quantize.static needs a float32 variant, but {ctx.parent.name!r} is {ctx.parent.dtype}",
+            hint="start this step `from:` a float variant (baseline, pruned, fine-tuned)",
+        )
+    backend = check_backend(opts.backend)
+    with engine(backend):
+        fn = _static_fx if opts.mode == "fx" else _static_eager
+        q = fn(model, ctx, opts, backend)
+    batches = len(ctx.data.calibration) if opts.calibration_batches is None else min(
+        opts.calibration_batches, len(ctx.data.calibration)
+    )
+    return ctx.variant(
+        q,
+        quantized=True,
+        devices="cpu_only",
+        backend=backend,
+        dtype="int8",
+        info={
+            "mode": opts.mode,
+            "backend": backend,
+            "calibration_batches": batches,
+            "observer": opts.activation_observer,
+            "weight_granularity": opts.weight_granularity,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- half
+
+
+class HalfOptions(Strict):
+    dtype: Literal["float16", "bfloat16"] = "float16"
+    allow_cpu: bool = Field(
+        False, description="Also measure float16 on the CPU (bfloat16 always is where it runs)."
+    )
+
+
+@register_pass("quantize.half", HalfOptions)
+def quantize_half(model: nn.Module | None, ctx: PassContext, opts: HalfOptions) -> Variant:
+    """Cast weights (and inputs) to float16 or bfloat16: GPU inference, bf16 also on CPU."""
+    assert model is not None
+    if ctx.parent.quantized:
+        raise PassError("quantize.half needs a float variant", hint="start it `from: baseline`")
+    dtype = getattr(torch, opts.dtype)
+    half = model.to(dtype)
+    policy = "any" if (opts.dtype == "bfloat16" or opts.allow_cpu) else "cuda_only"
+    return ctx.variant(half, dtype=opts.dtype, input_dtype=dtype, devices=policy)

@@ -1,0 +1,490 @@
+"""The pipeline: recipe -> baseline + one variant per step -> measurements -> run directory.
+
+Each variant is built, saved, measured and written to ``results.json`` before the next one, so an
+interrupted or failed run leaves every finished variant intact. ``results.json`` is replaced
+atomically and says ``complete`` only when the whole run finished.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import __version__
+from ._warnings import caught
+from .data import DataBundle, load_data
+from .devices import DeviceChoice, detect_environment, resolve_devices
+from .errors import ModelLoadError, PassError, RunError, TorchtameError
+from .evaluate import evaluate_accuracy, make_runner, measure_latency, predict
+from .evaluate.size import module_params, onnx_params, size_report
+from .models import load_model
+from .passes import PASSES
+from .passes.prune import count_macs_params
+from .progress import NullProgress, Progress
+from .recipe import Recipe, load_recipe
+from .training import train
+from .variant import PassContext, Variant, clone_module
+
+log = logging.getLogger("torchtame")
+
+
+@dataclass
+class RunResult:
+    """What ``run`` returns: the run directory and the same data ``results.json`` holds."""
+
+    run_dir: Path
+    results: dict[str, Any]
+    variants: dict[str, Variant] = field(default_factory=dict, repr=False)
+
+    @property
+    def status(self) -> str:
+        return self.results["status"]
+
+    def variant(self, name: str) -> dict[str, Any]:
+        """The results entry of one variant."""
+        for v in self.results["variants"]:
+            if v["name"] == name:
+                return v
+        raise KeyError(f"no variant {name!r}; variants: {[v['name'] for v in self.results['variants']]}")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, default=_json_default)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, torch.dtype):
+        return str(obj).removeprefix("torch.")
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _make_run_dir(recipe: Recipe) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = recipe.output_dir / f"{recipe.name}-{stamp}"
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{base.name}-{n}")
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise RunError(
+            f"cannot create the run directory {str(run_dir)!r}: {exc.strerror}",
+            hint="choose a writable `output_dir` (or --output-dir)",
+        ) from exc
+    return run_dir
+
+
+class Pipeline:
+    """Runs one recipe. Use :func:`run` unless you need the stages one by one."""
+
+    def __init__(self, recipe: Recipe, progress: Progress | None = None) -> None:
+        self.recipe = recipe
+        self.progress = progress or NullProgress()
+        self.variants: dict[str, Variant] = {}
+        self.baseline_logits: torch.Tensor | None = None
+        self.warnings: Counter[str] = Counter()
+        self.run_dir: Path | None = None
+        self.results: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------- stages
+
+    def setup(self) -> None:
+        r = self.recipe
+        self.choices: list[DeviceChoice] = resolve_devices(r.devices)
+        self.devices = [c.device for c in self.choices if c.device is not None]
+        for c in self.choices:
+            if c.reason:
+                log.info("device %s: %s", c.requested, c.reason)
+        self.run_dir = _make_run_dir(r)
+        (self.run_dir / "recipe.yaml").write_text(r.to_yaml(), encoding="utf-8")
+        self.results = {
+            "torchtame": __version__,
+            "status": "running",
+            "recipe": r.name,
+            "run_dir": str(self.run_dir),
+            "started": _now(),
+            "finished": None,
+            "environment": detect_environment().to_dict(),
+            "devices": [
+                {"requested": c.requested, "device": c.device, "available": c.available, "reason": c.reason}
+                for c in self.choices
+            ],
+            "settings": {
+                "seed": r.seed,
+                "metrics": r.evaluate.metrics,
+                "latency": r.evaluate.latency.model_dump(),
+                "threads": r.evaluate.latency.threads or torch.get_num_threads(),
+            },
+            "data": None,
+            "model": None,
+            "variants": [],
+            "warnings": {},
+            "error": None,
+        }
+        self.save()
+
+    def load(self) -> tuple[torch.nn.Module, DataBundle]:
+        r = self.recipe
+        seed_everything(r.seed)
+        self.progress.status("loading data")
+        self.data = load_data(r.data, r.seed)
+        self.progress.status("loading model")
+        model = load_model(r.model)
+        self.example = self.data.example_input(1)
+        try:
+            with torch.inference_mode():
+                model(self.example)
+        except Exception as exc:  # noqa: BLE001 - a user model can raise anything
+            raise ModelLoadError(
+                f"the model does not accept the data's inputs of shape {list(self.example.shape)}: "
+                f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}",
+                hint="make `data` produce what the model expects (shape, channels, image_size)",
+            ) from exc
+        info: dict[str, Any] = {"class": type(model).__name__, "input_shape": list(self.example.shape)}
+        if r.model.train is not None:
+            info["training"] = self._pretrain(model)
+        self.results["data"] = {
+            "description": self.data.description,
+            "has_labels": self.data.has_labels,
+            "num_classes": self.data.num_classes,
+            "sample_shape": list(self.data.sample_shape),
+            "evaluation_samples": len(self.data.evaluation.dataset),  # type: ignore[arg-type]
+            "calibration_samples": len(self.data.calibration.dataset),  # type: ignore[arg-type]
+        }
+        self.results["model"] = info
+        return model.eval(), self.data
+
+    def _pretrain(self, model: torch.nn.Module) -> dict[str, Any]:
+        r = self.recipe
+        cfg = r.model.train
+        key = json.dumps(
+            {
+                "model": r.model.model_dump(mode="json"),
+                "data": r.data.model_dump(mode="json"),
+                "seed": r.seed,
+                "torch": torch.__version__.split("+")[0],
+            },
+            sort_keys=True,
+        )
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        cache = r.output_dir / ".cache" / f"pretrained-{digest}.pt"
+        if cfg.cache and cache.is_file():
+            model.load_state_dict(torch.load(cache, map_location="cpu", weights_only=True))
+            log.info("reusing the trained model cached at %s", cache)
+            return {"cached": True, "cache": str(cache)}
+        self.progress.status("training the model")
+        t0 = time.perf_counter()
+        stats = train(
+            model,
+            self.data.train,
+            epochs=cfg.epochs,
+            lr=cfg.lr,
+            optimizer=cfg.optimizer,
+            weight_decay=cfg.weight_decay,
+            device=next((d for d in self.devices if d.startswith("cuda")), "cpu"),
+            seed=r.seed,
+            progress=self.progress,
+            description="train model",
+        )
+        stats["seconds"] = round(time.perf_counter() - t0, 2)
+        if cfg.cache:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(".tmp")
+            torch.save(model.state_dict(), tmp)
+            os.replace(tmp, cache)
+        return {"cached": False, "cache": str(cache) if cfg.cache else None, **stats}
+
+    def build_variants(self, model: torch.nn.Module) -> None:
+        baseline = Variant(name="baseline", module=model, lineage=["baseline"])
+        self.variants["baseline"] = baseline
+        self._finish(baseline, time.perf_counter(), None)
+        if self.baseline_entry.get("status") == "failed":
+            raise RunError(f"the baseline could not be measured: {self.baseline_entry['error']}")
+        for i, step in enumerate(self.recipe.steps):
+            self._run_step(step.name, step.pass_, step.from_, step.options, i)
+        ex = self.recipe.export
+        if ex.onnx:
+            from .passes.export import OnnxOptions
+
+            try:
+                options = OnnxOptions.model_validate(ex.options)
+            except Exception as exc:  # pydantic.ValidationError
+                raise RunError(f"export.options: {exc}") from exc
+            names = ex.variants or [
+                n for n, v in self.variants.items() if v.is_float and v.dtype == "float32"
+            ]
+            for n in names:
+                if f"{n}-onnx" not in self.variants and n in self.variants:
+                    self._run_step(f"{n}-onnx", "export.onnx", n, options, len(self.variants))
+
+    def _run_step(self, name: str, pass_name: str, parent_name: str, options: Any, index: int) -> None:
+        t0 = time.perf_counter()
+        parent = self.variants.get(parent_name)
+        variant = Variant(name=name, pass_name=pass_name, parent=parent_name)
+        if parent is None:
+            self._finish(variant, t0, f"skipped: its source variant {parent_name!r} failed")
+            return
+        variant.lineage = [*parent.lineage, name]
+        self.progress.status(f"{name}: {pass_name}")
+        seed_everything(self.recipe.seed + index + 1)
+        ctx = PassContext(
+            parent=parent,
+            data=self.data,
+            example_input=self.example,
+            seed=self.recipe.seed + index + 1,
+            work_dir=self._variant_dir(name),
+            devices=self.devices,
+            baseline=self.variants["baseline"],
+            variants=self.variants,
+            progress=self.progress,
+        )
+        entry = PASSES.get(pass_name)
+        warns: Counter[str] = Counter()
+        try:
+            with caught(pass_name, warns):
+                model = clone_module(parent.module) if parent.module is not None else None
+                made = entry.fn(model, ctx, options)
+        except TorchtameError as exc:
+            self._finish(variant, t0, str(exc), warns)
+            return
+        except Exception as exc:  # noqa: BLE001 - a failing step must not stop the others
+            log.debug("step %s failed:\n%s", name, traceback.format_exc())
+            self._finish(variant, t0, f"{type(exc).__name__}: {str(exc).strip()[:500]}", warns)
+            return
+        made.name, made.pass_name, made.parent, made.lineage = name, pass_name, parent_name, variant.lineage
+        self.variants[name] = made
+        self._finish(made, t0, None, warns)
+
+    # ----------------------------------------------------------------- measuring
+
+    def _variant_dir(self, name: str) -> Path:
+        assert self.run_dir is not None
+        d = self.run_dir / "variants" / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _save_artifact(self, v: Variant) -> list[Path]:
+        if v.kind == "onnx":
+            assert v.onnx_path is not None
+            return [v.onnx_path, *[p for p in v.onnx_path.parent.glob(v.onnx_path.name + ".data")]]
+        path = self._variant_dir(v.name) / "model.pt"
+        with caught("save"):
+            torch.save(v.module, path)
+        return [path]
+
+    def _finish(
+        self, v: Variant, t0: float, error: str | None, warns: Counter[str] | None = None
+    ) -> None:
+        entry: dict[str, Any] = {
+            "name": v.name,
+            "status": "failed" if error else "ok",
+            "pass": v.pass_name,
+            "from": v.parent,
+            "lineage": v.lineage,
+        }
+        if error is None:
+            try:
+                with caught("measure", warns if warns is not None else Counter()) as w:
+                    entry.update(self._measure(v))
+                warns = w
+            except TorchtameError as exc:
+                error = f"measuring failed: {exc}"
+            except Exception as exc:  # noqa: BLE001
+                log.debug("measuring %s failed:\n%s", v.name, traceback.format_exc())
+                error = f"measuring failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
+            if error:
+                entry["status"] = "failed"
+                self.variants.pop(v.name, None)
+        if error:
+            entry["error"] = error
+            log.warning("variant %s failed: %s", v.name, error.splitlines()[0])
+        entry["duration_s"] = round(time.perf_counter() - t0, 3)
+        if warns:
+            entry["warnings_caught"] = sum(warns.values())
+            self.warnings.update(warns)
+            self.results["warnings"] = dict(self.warnings.most_common())
+        self.results["variants"].append(entry)
+        self.save()
+
+    @property
+    def baseline_entry(self) -> dict[str, Any]:
+        return self.results["variants"][0]
+
+    def _measure(self, v: Variant) -> dict[str, Any]:
+        r = self.recipe
+        files = self._save_artifact(v)
+        assert self.run_dir is not None
+        out: dict[str, Any] = {
+            "kind": v.kind,
+            "dtype": v.dtype,
+            "quantized": v.quantized,
+            "backend": v.backend,
+            "artifact": [str(p.relative_to(self.run_dir)) for p in files],
+            "info": v.info,
+        }
+        # size and MACs
+        if v.kind == "onnx":
+            assert v.onnx_path is not None
+            params = onnx_params(v.onnx_path)
+        else:
+            assert v.module is not None
+            params = module_params(v.module)
+        macs = None
+        if r.evaluate.macs:
+            if v.is_float and v.module is not None and v.dtype == "float32":
+                try:
+                    macs = count_macs_params(v.module, self.example)[0]
+                except Exception as exc:  # noqa: BLE001 - counting is best effort
+                    log.debug("MACs of %s not counted: %s", v.name, exc)
+            elif v.parent is not None:
+                macs = self._macs_of(v.parent)
+        out["size"] = size_report(params, files, macs)
+        # where it can run
+        runnable = [d for d in self.devices if v.runs_on(d)[0]]
+        out["skipped_devices"] = [
+            {"device": d, "reason": v.runs_on(d)[1]} for d in self.devices if d not in runnable
+        ] + [
+            {"device": c.requested, "reason": c.reason} for c in self.choices if not c.available
+        ]
+        if not runnable:
+            out["accuracy"] = None
+            out["latency"] = []
+            return out
+        lat = r.evaluate.latency
+        # accuracy on the first device it runs on
+        acc_device = runnable[0]
+        with make_runner(v, acc_device, lat.threads, lat.inference_mode) as (run, prepare):
+            self.progress.status(f"{v.name}: accuracy on {acc_device}")
+            logits, labels = predict(run, prepare, self.data.evaluation)
+        if v.name == "baseline":
+            self.baseline_logits = logits
+        acc = evaluate_accuracy(
+            logits,
+            labels if self.data.has_labels else None,
+            None if v.name == "baseline" else self.baseline_logits,
+            r.evaluate.metrics,
+        )
+        base_acc = (self.baseline_entry.get("accuracy") or {}) if v.name != "baseline" else acc
+        for k in ("top1", "top5"):
+            if k in acc and k in base_acc:
+                acc[f"{k}_drop"] = round(base_acc[k] - acc[k], 3)
+        acc["device"] = acc_device
+        out["accuracy"] = acc
+        # latency on every device it runs on, at every batch size
+        out["latency"] = []
+        if lat.enabled:
+            for device in runnable:
+                with make_runner(v, device, lat.threads, lat.inference_mode) as (run, prepare):
+                    for bs in lat.batch_sizes:
+                        self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
+                        x = prepare(self.data.example_input(bs))
+                        stats = measure_latency(
+                            run,
+                            x,
+                            device=device,
+                            warmup=lat.warmup,
+                            min_runs=lat.min_runs,
+                            min_time_s=lat.min_time_s,
+                            max_runs=lat.max_runs,
+                            threads=lat.threads,
+                            dtype=v.dtype,
+                        )
+                        d = stats.to_dict()
+                        d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
+                        out["latency"].append(d)
+        return out
+
+    def _macs_of(self, name: str) -> int | None:
+        for e in self.results["variants"]:
+            if e["name"] == name:
+                return (e.get("size") or {}).get("macs")
+        return None
+
+    # ----------------------------------------------------------------- output
+
+    def save(self) -> None:
+        if self.run_dir is not None:
+            write_json_atomic(self.run_dir / "results.json", self.results)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.results["status"] = status
+        self.results["error"] = error
+        self.results["finished"] = _now()
+        self.save()
+        if status == "complete" or self.results["variants"]:
+            from .report import write_reports
+
+            assert self.run_dir is not None
+            write_reports(self.run_dir, self.results, self.recipe.report.formats)
+
+    def run(self) -> RunResult:
+        self.setup()
+        try:
+            model, _ = self.load()
+            self.build_variants(model)
+        except KeyboardInterrupt:
+            self.finish("interrupted", "interrupted by the user (Ctrl-C)")
+            raise
+        except TorchtameError as exc:
+            self.finish("failed", str(exc))
+            raise
+        except Exception as exc:
+            self.finish("failed", f"{type(exc).__name__}: {exc}")
+            raise
+        self.finish("complete")
+        assert self.run_dir is not None
+        return RunResult(self.run_dir, self.results, dict(self.variants))
+
+
+def run(
+    recipe: str | Path | dict[str, Any] | Recipe,
+    *,
+    output_dir: str | Path | None = None,
+    devices: list[str] | None = None,
+    progress: Progress | None = None,
+) -> RunResult:
+    """Run a recipe end to end and return its results (the data ``results.json`` holds)."""
+    loaded = load_recipe(
+        recipe,
+        output_dir=str(output_dir) if output_dir is not None else None,
+        devices=devices,
+    )
+    return Pipeline(loaded, progress).run()
+
+
+__all__ = ["PassError", "Pipeline", "RunResult", "run", "write_json_atomic"]

@@ -1,0 +1,415 @@
+"""The recipe: a pydantic schema, YAML loading, and errors that name the field and the line.
+
+Model sources, data sources and passes each own the pydantic model of their options; the full
+recipe model is assembled from the registries (a discriminated union on ``source`` / ``pass``),
+so a plugin's options are validated and appear in ``optimize schema`` like the built-in ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from .errors import RecipeError
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+
+
+class Strict(BaseModel):
+    """Base of every recipe section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TrainConfig(Strict):
+    """Train the model on the data's train split before optimizing (cached by content hash)."""
+
+    epochs: int = Field(10, ge=1, le=1000)
+    lr: float = Field(2e-3, gt=0)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    weight_decay: float = Field(0.0, ge=0)
+    cache: bool = True
+
+
+class ModelSourceOptions(Strict):
+    """Fields every model source accepts."""
+
+    input_shape: list[int] | None = Field(
+        None, description="Shape of one input batch, e.g. [1, 3, 224, 224]; default: from data."
+    )
+    train: TrainConfig | None = Field(
+        None, description="Train on the spot before optimizing (small models, quickstart)."
+    )
+
+
+class DataSourceOptions(Strict):
+    """Fields every data source accepts."""
+
+    batch_size: int = Field(32, ge=1)
+    calibration_batches: int | None = Field(
+        None, ge=1, description="Use at most this many calibration batches (default: all)."
+    )
+    evaluation_batches: int | None = Field(
+        None, ge=1, description="Use at most this many evaluation batches (default: all)."
+    )
+
+
+class StepBase(Strict):
+    """One entry of ``steps``: a named pass applied to an earlier variant."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Variant name this step produces.")
+    from_: str = Field(
+        "baseline", alias="from", description="Variant this step starts from (default baseline)."
+    )
+
+
+class LatencyConfig(Strict):
+    enabled: bool = True
+    batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1])
+    warmup: int = Field(5, ge=0)
+    min_runs: int = Field(20, ge=1)
+    min_time_s: float = Field(0.5, ge=0)
+    max_runs: int = Field(100_000, ge=1)
+    threads: int | None = Field(None, ge=1, description="torch.set_num_threads while timing.")
+    inference_mode: bool = True
+
+    @model_validator(mode="after")
+    def _runs(self) -> LatencyConfig:
+        if self.max_runs < self.min_runs:
+            raise ValueError(f"max_runs ({self.max_runs}) must be >= min_runs ({self.min_runs})")
+        return self
+
+
+class EvaluateConfig(Strict):
+    metrics: list[str] = Field(
+        default_factory=lambda: ["top1", "top5", "fidelity"],
+        description="Accuracy metrics: top1, top5, fidelity (agreement with the baseline).",
+    )
+    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    macs: bool = True
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, value: list[str]) -> list[str]:
+        from .evaluate.accuracy import METRICS
+
+        for name in value:
+            if name not in METRICS:
+                raise ValueError(f"unknown metric {name!r}; allowed: {', '.join(sorted(METRICS))}")
+        return value
+
+
+class ExportConfig(Strict):
+    onnx: bool = Field(False, description="Export every float variant to a verified ONNX twin.")
+    variants: list[str] | None = Field(
+        None, description="Which variants to export (default: every float variant)."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Options of the export.onnx pass used for each twin."
+    )
+
+
+class ReportConfig(Strict):
+    formats: list[Literal["json", "md", "html"]] = Field(
+        default_factory=lambda: ["json", "md", "html"]
+    )
+    table: bool = True
+
+
+class Recipe(Strict):
+    """A whole recipe. ``model``, ``data`` and ``steps`` are typed by the registries."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    seed: int = 0
+    output_dir: Path = Path("runs")
+    model: Any
+    data: Any
+    devices: list[str] = Field(default_factory=lambda: ["auto"])
+    steps: list[Any] = Field(default_factory=list)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("at least one device is needed; allowed: auto, cpu, cuda, cuda:N")
+            for item in value:
+                if not isinstance(item, str) or not DEVICE_PATTERN.match(item):
+                    raise ValueError(f"{item!r} is not a device; allowed: auto, cpu, cuda, cuda:N")
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> Recipe:
+        known = ["baseline"]
+        for i, step in enumerate(self.steps):
+            if step.name in known:
+                raise ValueError(f"steps[{i}].name: variant name {step.name!r} is used twice")
+            if step.from_ not in known:
+                raise ValueError(
+                    f"steps[{i}].from: {step.from_!r} is not an earlier variant; "
+                    f"allowed: {', '.join(known)}"
+                )
+            known.append(step.name)
+        for name in self.export.variants or []:
+            if name not in known:
+                raise ValueError(
+                    f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}"
+                )
+        return self
+
+    def to_yaml(self) -> str:
+        """The recipe as resolved (defaults filled in), in YAML."""
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+_cache: dict[tuple[int, int, int], type[Recipe]] = {}
+
+
+def recipe_model() -> type[Recipe]:
+    """The Recipe class with ``model``/``data``/``steps`` typed by what is registered now."""
+    from . import data, models, passes
+
+    key = (models.SOURCES.version, data.SOURCES.version, passes.PASSES.version)
+    if key in _cache:
+        return _cache[key]
+
+    def union(options: list[type[BaseModel]], tag: str) -> Any:
+        if len(options) == 1:
+            return options[0]
+        return Annotated[Union[tuple(options)], Field(discriminator=tag)]  # noqa: UP007
+
+    steps = []
+    for entry in passes.PASSES.entries():
+        steps.append(
+            create_model(
+                "Step_" + re.sub(r"\W", "_", entry.name),
+                __base__=StepBase,
+                __doc__=entry.summary or None,
+                pass_=(Literal[entry.name], Field(alias="pass")),  # type: ignore[valid-type]
+                options=(entry.options, Field(default_factory=entry.options)),
+            )
+        )
+    model_spec = union([e.options for e in models.SOURCES.entries()], "source")
+    data_spec = union([e.options for e in data.SOURCES.entries()], "source")
+    cls = create_model(
+        "Recipe",
+        __base__=Recipe,
+        model=(model_spec, ...),
+        data=(data_spec, ...),
+        steps=(list[union(steps, "pass_")], Field(default_factory=list)),  # type: ignore[misc]
+    )
+    _cache.clear()
+    _cache[key] = cls
+    return cls
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of recipes, for editors (``optimize schema``)."""
+    schema = recipe_model().model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "torchtame recipe"
+    return schema
+
+
+def load_recipe(source: str | Path | dict[str, Any] | Recipe, **overrides: Any) -> Recipe:
+    """Load and validate a recipe from a YAML file, YAML text or a dict.
+
+    ``overrides`` replace top-level fields (e.g. ``output_dir``, ``devices``) before validation.
+    """
+    if isinstance(source, Recipe):
+        if not overrides:
+            return source
+        source = source.model_dump(mode="json", by_alias=True)
+    where = "recipe"
+    node = None
+    if isinstance(source, dict):
+        raw: Any = dict(source)
+    else:
+        text, where = _read_text(source)
+        try:
+            raw = yaml.safe_load(text)
+            node = yaml.compose(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise RecipeError(
+                f"{where}{line}: not valid YAML: {problem}",
+                hint="check indentation and quoting near that line",
+            ) from None
+        if not isinstance(raw, dict):
+            raise RecipeError(
+                f"{where}: a recipe is a YAML mapping of keys (name, model, data, steps, ...), "
+                f"got {type(raw).__name__}",
+                hint="see `optimize schema` or recipes/quickstart.yaml",
+            )
+    for key, value in overrides.items():
+        if value is not None:
+            raw[key] = value
+    cls = recipe_model()
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(_format_errors(exc, raw, node, where, cls)) from None
+
+
+def _read_text(source: str | Path) -> tuple[str, str]:
+    path = Path(source)
+    looks_like_path = isinstance(source, Path) or (
+        "\n" not in str(source) and str(source).endswith((".yaml", ".yml"))
+    )
+    if looks_like_path:
+        if not path.is_file():
+            raise RecipeError(
+                f"recipe file {str(path)!r} does not exist",
+                hint="pass the path of a YAML recipe, e.g. recipes/quickstart.yaml",
+            )
+        return path.read_text(encoding="utf-8"), str(path)
+    return str(source), "recipe"
+
+
+def _format_errors(
+    exc: ValidationError, raw: Any, node: Any, where: str, cls: type[BaseModel]
+) -> str:
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = _strip_tags(err["loc"], raw)
+        field = _loc_str(loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(cls, loc[:-1], raw)
+            msg = f"unknown key {loc[-1]!r}"
+            if allowed:
+                close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+                msg += f" (did you mean {close[0]!r}?)" if close else ""
+                msg += f"; allowed: {', '.join(allowed)}"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in err and not isinstance(err["input"], dict | list):
+            msg += f" (got {err['input']!r})"
+        line = _line(node, loc)
+        prefix = f"{where}:{line}" if line else where
+        lines.append(f"{prefix}: {field or '(top level)'}: {msg}")
+    head = lines[0]
+    if len(lines) > 1:
+        head += "".join(f"\n{x}" for x in lines[1:6])
+        if len(lines) > 6:
+            head += f"\n(+{len(lines) - 6} more)"
+    return head
+
+
+def _strip_tags(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
+    """Drop the discriminator tags pydantic puts in the location of union members."""
+    out: list[Any] = []
+    cur = raw
+    for part in loc:
+        if isinstance(cur, dict) and isinstance(part, str) and part not in cur:
+            if part in (cur.get("source"), cur.get("pass")) or part.startswith("Step_"):
+                continue
+        out.append(part)
+        if isinstance(cur, dict):
+            cur = cur.get(part)
+        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
+            cur = cur[part]
+        else:
+            cur = None
+    return tuple(out)
+
+
+def _loc_str(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _line(node: Any, loc: tuple[Any, ...]) -> int | None:
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == part:
+                    node = value if part != loc[-1] else key
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                return line
+            node = node.value[part]
+        else:
+            return line
+        line = node.start_mark.line + 1
+    return line
+
+
+def _allowed_keys(cls: Any, loc: tuple[Any, ...], raw: Any) -> list[str]:
+    """Field names (by alias) of the model found at ``loc``, walking annotations."""
+    tp: Any = cls
+    cur = raw
+    for part in loc:
+        tp = _pick(tp, cur)
+        if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+            fields = {(f.alias or n): f for n, f in tp.model_fields.items()}
+            if part not in fields:
+                return []
+            tp = fields[part].annotation
+        elif isinstance(part, int):
+            args = typing.get_args(tp)
+            tp = args[0] if args else Any
+        cur = cur.get(part) if isinstance(cur, dict) else (
+            cur[part] if isinstance(cur, list) and isinstance(part, int) and part < len(cur)
+            else None
+        )
+    tp = _pick(tp, cur)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [f.alias or n for n, f in tp.model_fields.items()]
+    return []
+
+
+def _pick(tp: Any, value: Any) -> Any:
+    """Resolve Annotated/Optional/union types to the member that fits ``value``."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            members = [a for a in typing.get_args(tp) if a is not type(None)]
+            chosen = members[0] if members else Any
+            for member in members:
+                if isinstance(member, type) and issubclass(member, BaseModel):
+                    for tag in ("source", "pass_"):
+                        f = member.model_fields.get(tag)
+                        if f is not None and isinstance(value, dict):
+                            key = f.alias or tag
+                            if typing.get_args(f.annotation) == (value.get(key),):
+                                chosen = member
+                    if chosen is members[0] and len(members) == 1:
+                        chosen = member
+            tp = chosen
+        else:
+            return tp

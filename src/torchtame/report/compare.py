@@ -1,0 +1,104 @@
+"""`optimize compare`: several saved runs side by side, with a warning where settings differ."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from . import load_results
+from .rows import fmt_num, human_count, latency_keys, rows_from_results
+
+
+def _label(results: dict[str, Any], path: Path) -> str:
+    return Path(results.get("run_dir") or path).name
+
+
+def setting_differences(runs: list[dict[str, Any]]) -> list[str]:
+    """Settings that differ between runs, so numbers are not compared silently across them."""
+    notes = []
+    checks = {
+        "threads": lambda r: r.get("settings", {}).get("threads"),
+        "latency settings": lambda r: json.dumps(r.get("settings", {}).get("latency"), sort_keys=True),
+        "machine": lambda r: (r.get("environment", {}).get("cpu", {}).get("processor"),
+                              r.get("environment", {}).get("platform")),
+        "torch": lambda r: r.get("environment", {}).get("torch"),
+        "data": lambda r: (r.get("data") or {}).get("description"),
+    }
+    for what, fn in checks.items():
+        if len({str(fn(r)) for r in runs}) > 1:
+            notes.append(f"runs differ in {what}: " + "; ".join(str(fn(r)) for r in runs))
+    return notes
+
+
+def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None = None) -> str:
+    runs = [load_results(p) for p in paths]
+    labels = [_label(r, p) for r, p in zip(runs, paths, strict=True)]
+    all_rows = [(label, row) for label, r in zip(labels, runs, strict=True) for row in rows_from_results(r)]
+    keys = latency_keys([row for _, row in all_rows])
+    notes = setting_differences(runs)
+    if fmt == "json":
+        data = {
+            "runs": labels,
+            "differences": notes,
+            "variants": [
+                {"run": label, "name": row.name, "status": row.status, "top1": row.top1,
+                 "top1_drop": row.top1_drop, "size_bytes": row.size_bytes, "size_ratio": row.size_ratio,
+                 "params": row.params, "macs": row.macs,
+                 "latency": [{"device": k[0], "batch_size": k[1], "p50_ms": m["p50_ms"],
+                              "p90_ms": m["p90_ms"], "speedup": row.speedup.get(k)}
+                             for k, m in row.latency.items()]}
+                for label, row in all_rows
+            ],
+        }
+        return json.dumps(data, indent=2)
+    head = ["run", "variant", "status", "top-1 %", "drop", "size MB", "x size", "params", "MACs"]
+    for d, b in keys:
+        head += [f"{d} b{b} p50 ms", "speed-up"]
+    body = []
+    for label, row in all_rows:
+        cells = [label, row.name, row.status, fmt_num(row.top1), fmt_num(row.top1_drop),
+                 fmt_num(row.size_mb, 3), fmt_num(row.size_ratio, 3), human_count(row.params),
+                 human_count(row.macs)]
+        for k in keys:
+            m = row.latency.get(k)
+            s = row.speedup.get(k)
+            cells += [fmt_num(m["p50_ms"], 3) if m else "-", f"{s:.2f}x" if s else "-"]
+        body.append(cells)
+    if fmt == "table":
+        table = Table(title=f"torchtame compare: {len(runs)} runs")
+        for h in head:
+            table.add_column(h, justify="left" if h in ("run", "variant", "status") else "right")
+        for cells in body:
+            table.add_row(*cells)
+        if notes:
+            table.caption = "\n".join(notes)
+        if console is not None:
+            console.print(table)
+            return ""
+        from io import StringIO
+
+        buf = Console(file=StringIO(), width=200)
+        buf.print(table)
+        return buf.file.getvalue()  # type: ignore[attr-defined]
+    if fmt == "md":
+        lines = [f"# torchtame compare: {', '.join(labels)}", ""]
+        lines += [f"> {n}" for n in notes] + ([""] if notes else [])
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        lines += ["| " + " | ".join(c) + " |" for c in body]
+        return "\n".join(lines) + "\n"
+    rows_html = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
+    notes_html = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>torchtame compare</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:2rem}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px}.note{color:#a60}</style></head><body>"
+        f"<h1>torchtame compare</h1>{notes_html}<table><thead><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + f"</tr></thead><tbody>{rows_html}</tbody></table></body></html>"
+    )

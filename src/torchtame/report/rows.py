@@ -1,0 +1,115 @@
+"""Flatten results.json into comparable rows: one per variant, latency per (device, batch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MB = 1024 * 1024
+
+
+@dataclass
+class Row:
+    name: str
+    status: str
+    pass_name: str
+    parent: str | None
+    kind: str
+    dtype: str
+    top1: float | None
+    top1_drop: float | None
+    agreement: float | None
+    size_bytes: int | None
+    size_ratio: float | None
+    params: int | None
+    macs: int | None
+    latency: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    speedup: dict[tuple[str, int], float] = field(default_factory=dict)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def size_mb(self) -> float | None:
+        return None if self.size_bytes is None else self.size_bytes / MB
+
+
+def rows_from_results(results: dict[str, Any]) -> list[Row]:
+    """One Row per variant, with speed-ups and size ratios against the baseline."""
+    rows = []
+    base = next((v for v in results["variants"] if v["name"] == "baseline"), None)
+    base_lat = {(m["device"], m["batch_size"]): m for m in (base or {}).get("latency", [])}
+    base_size = ((base or {}).get("size") or {}).get("bytes")
+    for v in results["variants"]:
+        acc = v.get("accuracy") or {}
+        size = v.get("size") or {}
+        lat = {(m["device"], m["batch_size"]): m for m in v.get("latency", [])}
+        speed = {
+            k: base_lat[k]["p50_ms"] / m["p50_ms"]
+            for k, m in lat.items()
+            if k in base_lat and m["p50_ms"] > 0
+            and base_lat[k]["threads"] == m["threads"]
+        }
+        rows.append(
+            Row(
+                name=v["name"],
+                status=v["status"],
+                pass_name=v.get("pass", ""),
+                parent=v.get("from"),
+                kind=v.get("kind", "-"),
+                dtype=v.get("dtype", "-"),
+                top1=acc.get("top1"),
+                top1_drop=acc.get("top1_drop"),
+                agreement=acc.get("top1_agreement"),
+                size_bytes=size.get("bytes"),
+                size_ratio=(size["bytes"] / base_size) if base_size and size.get("bytes") else None,
+                params=size.get("params"),
+                macs=size.get("macs"),
+                latency=lat,
+                speedup=speed,
+                skipped=v.get("skipped_devices", []),
+                error=v.get("error"),
+            )
+        )
+    return rows
+
+
+def latency_keys(rows: list[Row]) -> list[tuple[str, int]]:
+    """Every (device, batch size) measured, in a stable order."""
+    keys: list[tuple[str, int]] = []
+    for r in rows:
+        for k in r.latency:
+            if k not in keys:
+                keys.append(k)
+    return sorted(keys, key=lambda k: (k[0] != "cpu", k[0], k[1]))
+
+
+def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
+    """Names on the latency-accuracy Pareto front: no other point is at least as fast and at
+    least as accurate while strictly better in one. Points are (name, latency, accuracy)."""
+    front = []
+    for name, lat, acc in points:
+        dominated = any(
+            (ol <= lat and oa >= acc) and (ol < lat or oa > acc)
+            for on, ol, oa in points
+            if on != name
+        )
+        if not dominated:
+            front.append(name)
+    return front
+
+
+def fmt_num(value: float | int | None, digits: int = 2, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int) and not suffix:
+        return human_count(value)
+    return f"{value:.{digits}f}{suffix}"
+
+
+def human_count(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)

@@ -1,0 +1,46 @@
+"""The comparison table printed at the end of a run (rich), compact enough for a terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from .rows import fmt_num, human_count, latency_keys, rows_from_results
+
+
+def comparison_table(results: dict[str, Any], title: str | None = None) -> Table:
+    """Variant, dtype, accuracy and drop, size and ratio, MACs, then p50 (speed-up) per setting."""
+    rows = rows_from_results(results)
+    keys = latency_keys(rows)
+    table = Table(title=title or f"torchtame: {results.get('recipe', '')} ({results.get('status')})")
+    for col in ("variant", "dtype", "top-1 %", "drop", "MB", "x size", "MACs"):
+        table.add_column(col, justify="left" if col in ("variant", "dtype") else "right")
+    for device, bs in keys:
+        table.add_column(f"{device} b{bs}\np50 ms (x)", justify="right")
+    for r in rows:
+        if r.status != "ok":
+            table.add_row(f"[red]{r.name}[/red]", "failed", (r.error or "").splitlines()[0][:70],
+                          *[""] * (4 + len(keys)))
+            continue
+        if r.top1 is not None:
+            acc = fmt_num(r.top1)
+        elif r.agreement is not None:
+            acc = f"agr {r.agreement:.1f}"
+        else:
+            acc = "n/a"
+        cells = [r.name, r.dtype, acc, fmt_num(r.top1_drop), fmt_num(r.size_mb, 3),
+                 fmt_num(r.size_ratio, 2), human_count(r.macs)]
+        for k in keys:
+            m = r.latency.get(k)
+            if m is None:
+                skipped = next((x["reason"] for x in r.skipped if x["device"] == k[0]), "-")
+                cells.append(skipped.split(" (")[0])
+                continue
+            s = r.speedup.get(k)
+            cells.append(f"{m['p50_ms']:.3f} ({s:.2f}x)" if s else f"{m['p50_ms']:.3f}")
+        table.add_row(*cells)
+    unavailable = [d for d in results.get("devices", []) if not d.get("available")]
+    if unavailable:
+        table.caption = "; ".join(f"{d['requested']}: {d['reason']}" for d in unavailable)
+    return table

@@ -1,0 +1,90 @@
+"""What a pass produces (:class:`Variant`) and what it is given (:class:`PassContext`)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .data import DataBundle
+from .progress import NullProgress, Progress
+
+log = logging.getLogger("torchtame")
+
+DevicePolicy = Literal["any", "cpu_only", "cuda_only"]
+
+
+@dataclass
+class Variant:
+    """One version of the model: a torch module or an ONNX file, with where it came from."""
+
+    name: str
+    module: nn.Module | None = None
+    onnx_path: Path | None = None
+    pass_name: str = "baseline"
+    parent: str | None = None
+    lineage: list[str] = field(default_factory=list)
+    dtype: str = "float32"
+    input_dtype: torch.dtype = torch.float32
+    devices: DevicePolicy = "any"
+    quantized: bool = False
+    backend: str | None = None  # torch quantized engine the variant's kernels need
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> Literal["torch", "onnx"]:
+        return "onnx" if self.onnx_path is not None else "torch"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "torch" and not self.quantized
+
+    def runs_on(self, device: str) -> tuple[bool, str]:
+        """Whether this variant can be measured on ``device``, and why not."""
+        on_cuda = device.startswith("cuda")
+        if self.devices == "cpu_only" and on_cuda:
+            return False, "cpu only (torch.ao quantized kernels run on the CPU)"
+        if self.devices == "cuda_only" and not on_cuda:
+            return False, "cuda only (float16 is slow or unsupported on the CPU)"
+        return True, ""
+
+
+@dataclass
+class PassContext:
+    """Everything a pass may use besides the model it transforms."""
+
+    parent: Variant
+    data: DataBundle
+    example_input: torch.Tensor
+    seed: int
+    work_dir: Path
+    devices: list[str]
+    baseline: Variant
+    variants: dict[str, Variant]
+    progress: Progress = field(default_factory=NullProgress)
+    log: logging.Logger = log
+
+    def variant(self, module: nn.Module | None = None, **kwargs: Any) -> Variant:
+        """A new variant whose name, parent and lineage the pipeline fills in."""
+        kwargs.setdefault("dtype", self.parent.dtype)
+        kwargs.setdefault("input_dtype", self.parent.input_dtype)
+        return Variant(name="", module=module, **kwargs)
+
+    @property
+    def train_device(self) -> str:
+        """The device to train or fine-tune on: the first CUDA device if any, else the CPU."""
+        return next((d for d in self.devices if d.startswith("cuda")), "cpu")
+
+
+def clone_module(module: nn.Module) -> nn.Module:
+    """A deep copy, so a pass never changes the variant it starts from."""
+    return copy.deepcopy(module)
+
+
+PassFn = Callable[[nn.Module | None, PassContext, Any], Variant]
