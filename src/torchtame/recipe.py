@@ -298,7 +298,23 @@ def _format_errors(
         loc = _strip_tags(err["loc"], raw)
         field = _loc_str(loc)
         msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+        ctx = err.get("ctx") or {}
+        ref = _REF.match(msg) if not loc else None
+        if ref:  # cross-field checks name their own field: "steps[1].from: ..."
+            field, msg = ref.group(1), ref.group(2)
+            loc = _parse_loc(field)
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            tag = "pass" if "pass" in str(ctx.get("discriminator")) else "source"
+            loc = (*loc, tag)
+            field = _loc_str(loc)
+            allowed = str(ctx.get("expected_tags", "")).replace("'", "") or _tags(loc)
+            if err["type"] == "union_tag_invalid":
+                msg = f"unknown {tag} {ctx.get('tag')!r}; allowed: {allowed}"
+            else:
+                msg = f"required field is missing; allowed: {allowed}"
+        elif err["type"] == "string_pattern_mismatch" and ctx.get("pattern") == NAME_PATTERN:
+            msg = f"names may use letters, digits and _ . + - only (got {err['input']!r})"
+        elif err["type"] == "extra_forbidden":
             allowed = _allowed_keys(cls, loc[:-1], raw)
             msg = f"unknown key {loc[-1]!r}"
             if allowed:
@@ -307,7 +323,7 @@ def _format_errors(
                 msg += f"; allowed: {', '.join(allowed)}"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        elif "input" in err and not isinstance(err["input"], dict | list):
+        elif ref is None and "input" in err and not isinstance(err["input"], dict | list):
             msg += f" (got {err['input']!r})"
         line = _line(node, loc)
         prefix = f"{where}:{line}" if line else where
@@ -318,6 +334,23 @@ def _format_errors(
         if len(lines) > 6:
             head += f"\n(+{len(lines) - 6} more)"
     return head
+
+
+def _tags(loc: tuple[Any, ...]) -> str:
+    from . import data, models, passes
+
+    reg = {"model": models.SOURCES, "data": data.SOURCES, "steps": passes.PASSES}.get(str(loc[0]))
+    return ", ".join(reg.names()) if reg is not None else ""
+
+
+_REF = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.*)$", re.S)
+
+
+def _parse_loc(text: str) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", text):
+        out.append(int(part[1:-1]) if part.startswith("[") else part)
+    return tuple(out)
 
 
 def _strip_tags(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:

@@ -1,0 +1,107 @@
+"""Shared fixtures: real digits data, small models trained on the spot, a quickstart run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchtame.data import DataBundle, DigitsData, load_data
+from torchtame.training import train
+from torchtame.zoo import digits_cnn, digits_mlp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def digits() -> DataBundle:
+    return load_data(DigitsData(source="digits", batch_size=64), seed=0)
+
+
+@pytest.fixture(scope="session")
+def _trained_cnn(digits: DataBundle) -> torch.nn.Module:
+    model = digits_cnn(width=16, hidden=128)
+    train(model, digits.train, epochs=8, lr=3e-3, seed=0)
+    return model
+
+
+@pytest.fixture()
+def trained_cnn(_trained_cnn: torch.nn.Module) -> torch.nn.Module:
+    """A digits CNN at ~98% accuracy (a fresh copy per test)."""
+    return copy.deepcopy(_trained_cnn)
+
+
+@pytest.fixture(scope="session")
+def _trained_mlp(digits: DataBundle) -> torch.nn.Module:
+    model = digits_mlp(hidden=256)
+    train(model, digits.train, epochs=6, lr=3e-3, seed=0)
+    return model
+
+
+@pytest.fixture()
+def trained_mlp(_trained_mlp: torch.nn.Module) -> torch.nn.Module:
+    return copy.deepcopy(_trained_mlp)
+
+
+def accuracy(model: torch.nn.Module, loader) -> float:
+    """Top-1 accuracy in percent."""
+    from torchtame.evaluate.accuracy import evaluate_accuracy, predict
+
+    with torch.inference_mode():
+        logits, labels = predict(model, lambda x: x, loader)
+    return evaluate_accuracy(logits, labels, None, ["top1"])["top1"]
+
+
+def tiny_recipe(tmp_path: Path, **overrides) -> dict:
+    """A fast recipe on digits with a small CNN (few latency runs)."""
+    recipe = {
+        "name": "tiny",
+        "output_dir": str(tmp_path / "runs"),
+        "model": {
+            "source": "python",
+            "target": "torchtame.zoo:digits_cnn",
+            "kwargs": {"width": 8, "hidden": 64},
+            "train": {"epochs": 3, "lr": 0.005},
+        },
+        "data": {"source": "digits", "batch_size": 64},
+        "devices": ["cpu"],
+        "steps": [],
+        "evaluate": {"latency": {"batch_sizes": [1], "warmup": 1, "min_runs": 3, "min_time_s": 0}},
+        "report": {"formats": ["json", "md"]},
+    }
+    recipe.update(overrides)
+    return recipe
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `python -m torchtame ARGS` as a user would (no terminal: no progress bars)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "torchtame", *args],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The quickstart recipe run once through the CLI, as the README runs it."""
+    out = tmp_path_factory.mktemp("quickstart")
+    proc = run_cli("recipes/quickstart.yaml", "--output-dir", str(out))
+    dirs = [d for d in out.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(dirs) == 1, dirs
+    return proc, dirs[0]
+
+
+def load_results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
