@@ -17,7 +17,7 @@ from .errors import (  # noqa: E402
 )
 from .models import load_model, register_model_source  # noqa: E402
 from .passes import register_pass  # noqa: E402
-from .pipeline import Pipeline, RunResult, run  # noqa: E402
+from .pipeline import Pipeline, RunResult, apply_pass, run  # noqa: E402
 from .recipe import Recipe, json_schema, load_recipe  # noqa: E402
 from .variant import PassContext, Variant  # noqa: E402
 
@@ -36,6 +36,7 @@ __all__ = [
     "TorchtameError",
     "Variant",
     "__version__",
+    "apply_pass",
     "detect_environment",
     "json_schema",
     "load_data",

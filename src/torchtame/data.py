@@ -132,6 +132,8 @@ def load_data(spec: DataSourceOptions, seed: int) -> DataBundle:
 
 
 def _split_indices(n: int, split: Split, seed: int) -> tuple[list[int], list[int], list[int]]:
+    if n == 0:
+        raise DataError("data: the dataset is empty", hint="point the source at data with samples")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_cal = max(1, round(split.calibration * n))
     n_eval = max(1, round(split.evaluation * n))

@@ -138,13 +138,15 @@ def _load_file(path: Path, trust: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if not trust:
+        if not trust and "Unsupported global" in str(exc):
             raise ModelLoadError(
                 f"checkpoint {str(path)!r} holds pickled Python objects (e.g. a whole module), "
                 "which are refused by default because unpickling can run arbitrary code",
                 hint="save a state dict instead, or set `trust_checkpoint: true` if you trust it",
             ) from exc
-        raise ModelLoadError(f"checkpoint {str(path)!r} cannot be read: {exc}") from exc
+        raise ModelLoadError(
+            f"checkpoint {str(path)!r} is not a readable torch file: {str(exc).splitlines()[0]}"
+        ) from exc
     except (RuntimeError, EOFError, OSError) as exc:
         raise ModelLoadError(
             f"checkpoint {str(path)!r} is not a readable torch file: {str(exc).splitlines()[0]}"

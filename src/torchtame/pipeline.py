@@ -25,9 +25,10 @@ import torch
 
 from . import __version__
 from ._warnings import caught
+from .artifacts import save_module
 from .data import DataBundle, load_data
 from .devices import DeviceChoice, detect_environment, resolve_devices
-from .errors import ModelLoadError, PassError, RunError, TorchtameError
+from .errors import ModelLoadError, RunError, TorchtameError
 from .evaluate import evaluate_accuracy, make_runner, measure_latency, predict
 from .evaluate.size import module_params, onnx_params, size_report
 from .models import load_model
@@ -302,10 +303,7 @@ class Pipeline:
         if v.kind == "onnx":
             assert v.onnx_path is not None
             return [v.onnx_path, *[p for p in v.onnx_path.parent.glob(v.onnx_path.name + ".data")]]
-        path = self._variant_dir(v.name) / "model.pt"
-        with caught("save"):
-            torch.save(v.module, path)
-        return [path]
+        return [save_module(v, self._variant_dir(v.name), self.example)]
 
     def _finish(
         self, v: Variant, t0: float, error: str | None, warns: Counter[str] | None = None
@@ -487,4 +485,46 @@ def run(
     return Pipeline(loaded, progress).run()
 
 
-__all__ = ["PassError", "Pipeline", "RunResult", "run", "write_json_atomic"]
+def apply_pass(
+    name: str,
+    model: torch.nn.Module | Variant,
+    data: DataBundle,
+    options: dict[str, Any] | None = None,
+    *,
+    work_dir: str | Path | None = None,
+    seed: int = 0,
+    devices: list[str] | None = None,
+    progress: Progress | None = None,
+) -> Variant:
+    """Apply one registered pass outside a recipe; the input model is not changed.
+
+    >>> v = apply_pass("quantize.static", model, data, {"backend": "x86"})  # doctest: +SKIP
+    """
+    import tempfile
+
+    entry = PASSES.get(name)
+    opts = entry.options.model_validate(options or {})
+    parent = model if isinstance(model, Variant) else Variant(name="input", module=model, lineage=["input"])
+    work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="torchtame-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctx = PassContext(
+        parent=parent,
+        data=data,
+        example_input=data.example_input(1),
+        seed=seed,
+        work_dir=work,
+        devices=devices or ["cpu"],
+        baseline=parent,
+        variants={parent.name: parent},
+        progress=progress or NullProgress(),
+    )
+    seed_everything(seed)
+    with caught(name):
+        module = clone_module(parent.module) if parent.module is not None else None
+        made = entry.fn(module, ctx, opts)
+    made.name = made.name or name
+    made.pass_name, made.parent, made.lineage = name, parent.name, [*parent.lineage, made.name]
+    return made
+
+
+__all__ = ["Pipeline", "RunResult", "apply_pass", "run", "write_json_atomic"]

@@ -138,7 +138,8 @@ class StaticOptions(Strict):
 def build_qconfig(opts: StaticOptions, backend: str) -> Any:
     from torch.ao.quantization import QConfig, observer
 
-    reduce_range = backend in ("x86", "fbgemm")
+    # x86/fbgemm kernels want 7-bit activations; symmetric quint8 cannot reduce its range.
+    reduce_range = backend in ("x86", "fbgemm") and not opts.activation_symmetric
     qscheme = torch.per_tensor_symmetric if opts.activation_symmetric else torch.per_tensor_affine
     act_cls = {
         "minmax": observer.MinMaxObserver,
@@ -215,8 +216,13 @@ def _static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend:
     keep = match_modules(model, opts.keep_float, "keep_float")
     for name in keep:
         mapping.set_module_name(name, None)
-    for tp in _module_types(opts.keep_float_types):
+    keep_types = tuple(_module_types(opts.keep_float_types))
+    for tp in keep_types:
         mapping.set_object_type(tp, None)
+    # by name too: a kept Linear fused with its ReLU would otherwise follow the fused pattern
+    for name, m in model.named_modules():
+        if keep_types and name and isinstance(m, keep_types):
+            mapping.set_module_name(name, None)
     custom = PrepareCustomConfig().set_non_traceable_module_names(keep)
     problem = untraceable_module(model, set(keep))
     if problem is not None:

@@ -1,0 +1,136 @@
+"""Data sources: digits, synthetic, imagefolder (PNG files made here), python callables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from torchtame import DataError, load_data
+from torchtame.data import DigitsData, ImageFolderData, PythonData, Split, SyntheticData
+
+
+def _indices(loader) -> set[int]:
+    return set(loader.dataset.indices)
+
+
+def test_digits_splits_are_disjoint_and_seeded() -> None:
+    a = load_data(DigitsData(source="digits", batch_size=32), seed=1)
+    b = load_data(DigitsData(source="digits", batch_size=32), seed=1)
+    c = load_data(DigitsData(source="digits", batch_size=32), seed=2)
+    tr, ca, ev = _indices(a.train), _indices(a.calibration), _indices(a.evaluation)
+    assert not (tr & ca) and not (tr & ev) and not (ca & ev)
+    assert len(tr) + len(ca) + len(ev) == 1797
+    assert len(ev) == round(0.3 * 1797)
+    assert _indices(b.evaluation) == ev
+    assert _indices(c.evaluation) != ev
+    x, y = next(iter(a.evaluation))
+    assert x.shape == (32, 1, 8, 8) and 0 <= x.min() and x.max() <= 1
+    assert a.has_labels and a.num_classes == 10 and y.max() <= 9
+
+
+def test_batch_limits() -> None:
+    d = load_data(DigitsData(source="digits", batch_size=16, calibration_batches=2, evaluation_batches=3), 0)
+    assert len(d.calibration) == 2 and len(d.evaluation) == 3
+
+
+def test_example_input_repeats_to_batch() -> None:
+    d = load_data(DigitsData(source="digits", batch_size=8), 0)
+    assert d.example_input(20).shape == (20, 1, 8, 8)
+
+
+def test_synthetic_has_no_labels() -> None:
+    d = load_data(SyntheticData(source="synthetic", shape=[3, 16, 16], num_samples=10, batch_size=4), 0)
+    assert not d.has_labels and d.train is None
+    assert d.sample_shape == (3, 16, 16)
+    assert next(iter(d.evaluation))[0].shape == (4, 3, 16, 16)
+
+
+def test_split_must_fit() -> None:
+    with pytest.raises(ValueError, match="add up"):
+        Split(train=0.8, calibration=0.2, evaluation=0.3)
+
+
+def _make_images(root: Path, classes: int = 2, per_class: int = 5, size: int = 20) -> None:
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for c in range(classes):
+        d = root / f"class{c}"
+        d.mkdir(parents=True)
+        for i in range(per_class):
+            arr = (torch.rand(size, size, 3, generator=g) * 255).to(torch.uint8).numpy()
+            Image.fromarray(arr).save(d / f"{i}.png")
+
+
+def test_imagefolder_split(tmp_path: Path) -> None:
+    _make_images(tmp_path / "imgs", classes=3, per_class=6)
+    d = load_data(ImageFolderData(source="imagefolder", root=tmp_path / "imgs", image_size=16, batch_size=4), 0)
+    x, y = next(iter(d.evaluation))
+    assert x.shape[1:] == (3, 16, 16)
+    assert d.num_classes == 3 and d.has_labels
+    assert len(d.evaluation.dataset) == round(0.3 * 18)
+
+
+def test_imagefolder_separate_roots(tmp_path: Path) -> None:
+    _make_images(tmp_path / "train")
+    _make_images(tmp_path / "val")
+    d = load_data(ImageFolderData(source="imagefolder", train_root=tmp_path / "train",
+                                  evaluation_root=tmp_path / "val", image_size=8, batch_size=2), 0)
+    assert len(d.evaluation.dataset) == 10 and len(d.train.dataset) == 10
+
+
+def test_imagefolder_missing(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        load_data(ImageFolderData(source="imagefolder", root=tmp_path / "none"), 0)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="not an image folder"):
+        load_data(ImageFolderData(source="imagefolder", root=tmp_path / "empty"), 0)
+
+
+def make_pairs(n: int = 40, nan: bool = False):
+    x = torch.randn(n, 4)
+    if nan:
+        x[0, 0] = float("nan")
+    return TensorDataset(x, torch.randint(0, 3, (n,)))
+
+
+def make_dict():
+    return {"train": make_pairs(20), "evaluation": make_pairs(10)}
+
+
+def make_empty():
+    return TensorDataset(torch.empty(0, 4), torch.empty(0, dtype=torch.int64))
+
+
+def make_not_data():
+    return [1, 2, 3]
+
+
+def test_python_callable_dataset_and_dict() -> None:
+    d = load_data(PythonData(source="python", target="tests.test_data:make_pairs", batch_size=8), 0)
+    assert d.has_labels and d.sample_shape == (4,)
+    d2 = load_data(PythonData(source="python", target="tests.test_data:make_dict", batch_size=8), 0)
+    assert len(d2.evaluation.dataset) == 10 and len(d2.calibration.dataset) == 20
+
+
+@pytest.mark.parametrize(
+    ("target", "needle"),
+    [
+        ("tests.test_data:make_empty", "empty"),
+        ("tests.test_data:make_not_data", "not a Dataset"),
+        ("tests.test_data:nothing_here", "no attribute"),
+    ],
+)
+def test_python_bad_data(target: str, needle: str) -> None:
+    with pytest.raises(DataError, match=needle):
+        load_data(PythonData(source="python", target=target), 0)
+
+
+def test_nan_inputs_are_refused() -> None:
+    spec = PythonData(source="python", target="tests.test_data:make_pairs", kwargs={"nan": True}, split=Split(
+        train=0.0, calibration=0.5, evaluation=0.5), batch_size=64)
+    with pytest.raises(DataError, match="NaN"):
+        load_data(spec, 0)
