@@ -113,14 +113,14 @@ def export_onnx(
 def verify(
     variant_fn: Any,
     path: Path,
-    ctx: PassContext,
+    loader: Any,
     opts: OnnxOptions,
     input_dtype: torch.dtype,
     quantized: bool,
 ) -> dict[str, float]:
     """Parity of the ONNX model with its PyTorch source on evaluation batches; raises on failure."""
     sess = session(path, "cpu")
-    figures = parity(variant_fn, sess, ctx.data.evaluation, opts.parity_batches, input_dtype)
+    figures = parity(variant_fn, sess, loader, opts.parity_batches, input_dtype)
     limit = opts.atol + opts.rtol * figures["reference_max_abs"]
     numeric_ok = quantized or figures["max_abs_error"] <= limit
     agree_ok = figures["top1_agreement"] >= opts.min_top1_agreement
@@ -153,7 +153,9 @@ def export_onnx_pass(model: nn.Module | None, ctx: PassContext, opts: OnnxOption
     with engine(parent.backend):
         info = export_onnx(model, example, path, opts, parent.quantized)
         if opts.verify:
-            info["parity"] = verify(model, path, ctx, opts, parent.input_dtype, parent.quantized)
+            info["parity"] = verify(
+                model, path, ctx.data.evaluation, opts, parent.input_dtype, parent.quantized
+            )
     return ctx.variant(
         None,
         onnx_path=path,

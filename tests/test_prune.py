@@ -1,0 +1,128 @@
+"""Structured pruning with torch-pruning: criteria, ratios, targets, fine-tuning, reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torchtame import PassError, apply_pass
+from torchtame.artifacts import load_module, save_module
+from torchtame.passes.prune import count_macs_params
+
+from .conftest import accuracy
+
+
+@pytest.mark.parametrize("criterion", ["l1", "l2", "bn_scale", "taylor", "lamp", "fpgm", "random"])
+def test_each_criterion_prunes_as_asked(trained_cnn, digits, criterion) -> None:
+    v = apply_pass("prune.structured", trained_cnn, digits, {"importance": criterion, "ratio": 0.5})
+    assert v.module.features[0].out_channels == 8  # 16 -> 8
+    assert v.module.features[3].out_channels == 16  # 32 -> 16
+    assert v.module.classifier[4].out_features == 10  # the head is left alone
+    assert v.info["ignored_layers"] == ["classifier.4"]
+    with torch.inference_mode():
+        assert v.module(digits.example_input(3)).shape == (3, 10)
+
+
+def test_criteria_choose_different_channels(trained_cnn, digits) -> None:
+    kept = {}
+    for criterion in ("l2", "random"):
+        v = apply_pass("prune.structured", trained_cnn, digits, {"importance": criterion, "ratio": 0.5})
+        kept[criterion] = v.module.features[0].weight.detach().clone()
+    assert not torch.equal(kept["l2"], kept["random"])
+
+
+def test_l2_keeps_more_accuracy_than_random(trained_cnn, digits) -> None:
+    acc = {}
+    for criterion in ("l2", "random"):
+        v = apply_pass("prune.structured", trained_cnn, digits, {"importance": criterion, "ratio": 0.3})
+        acc[criterion] = accuracy(v.module, digits.evaluation)
+    assert acc["l2"] > acc["random"], acc
+
+
+def test_layer_ratios_round_to_and_ignored(trained_cnn, digits) -> None:
+    v = apply_pass(
+        "prune.structured",
+        trained_cnn,
+        digits,
+        {"ratio": 0.25, "layer_ratios": {"features.0": 0.5}, "ignored_layers": ["features.7", "classifier.4"],
+         "round_to": 4},
+    )
+    assert v.module.features[0].out_channels == 8
+    assert v.module.features[3].out_channels == 24
+    assert v.module.features[7].out_channels == 64  # ignored
+    for name, (_, after) in v.info["channels"].items():
+        if name not in ("classifier.4",):
+            assert after % 4 == 0, (name, after)
+
+
+def test_global_pruning_and_iterative_steps(trained_cnn, digits) -> None:
+    v = apply_pass("prune.structured", trained_cnn, digits,
+                   {"ratio": 0.5, "global_pruning": True, "iterative_steps": 3})
+    assert len(v.info["steps"]) == 3
+    macs = [s["macs"] for s in v.info["steps"]]
+    assert macs[0] > macs[1] > macs[2]
+
+
+@pytest.mark.parametrize("kind", ["macs", "params"])
+def test_target_fraction_is_met(trained_cnn, digits, kind) -> None:
+    example = digits.example_input(1)
+    base_macs, base_params = count_macs_params(trained_cnn, example)
+    v = apply_pass("prune.structured", trained_cnn, digits, {"target": {kind: 0.5}})
+    macs, params = count_macs_params(v.module, example)
+    frac = macs / base_macs if kind == "macs" else params / base_params
+    assert frac <= 0.5, frac
+    assert frac >= 0.25, frac  # it stopped near the target, not at the maximum
+
+
+def test_finetune_recovers_accuracy(trained_cnn, digits) -> None:
+    pruned = apply_pass("prune.structured", trained_cnn, digits, {"ratio": 0.6})
+    before = accuracy(pruned.module, digits.evaluation)
+    tuned = apply_pass("finetune", pruned, digits, {"epochs": 3, "lr": 2e-3})
+    after = accuracy(tuned.module, digits.evaluation)
+    assert after > before, (before, after)
+    assert after >= 94.0
+    assert tuned.info["finetuned_from"] == pruned.name
+
+
+def test_finetune_between_iterative_steps(trained_cnn, digits) -> None:
+    opts = {"ratio": 0.6, "iterative_steps": 3}
+    plain = apply_pass("prune.structured", trained_cnn, digits, opts)
+    tuned = apply_pass("prune.structured", trained_cnn, digits, {**opts, "finetune_between": {"steps": 30}})
+    assert accuracy(tuned.module, digits.evaluation) > accuracy(plain.module, digits.evaluation)
+
+
+def test_pruned_model_reloads_with_equal_outputs(trained_cnn, digits, tmp_path: Path) -> None:
+    v = apply_pass("prune.structured", trained_cnn, digits, {"ratio": 0.5})
+    path = save_module(v, tmp_path, digits.example_input(1))
+    again = load_module(path)
+    x = digits.example_input(16)
+    with torch.inference_mode():
+        assert torch.equal(v.module(x), again(x))
+    assert again.features[0].out_channels == 8
+
+
+def test_attention_layer_is_named(digits) -> None:
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(8, 16)
+            self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+            self.head = nn.Linear(16, 10)
+
+        def forward(self, x):
+            t = self.proj(x.reshape(x.shape[0], 8, 8))
+            t, _ = self.attn(t, t, t)
+            return self.head(t.mean(1))
+
+    with pytest.raises(PassError) as info:
+        apply_pass("prune.structured", Attn().eval(), digits, {"ratio": 0.5})
+    assert "'attn'" in str(info.value) and "ignored_layers" in str(info.value)
+
+
+def test_prune_refuses_quantized_parent(trained_mlp, digits) -> None:
+    q = apply_pass("quantize.dynamic", trained_mlp, digits)
+    with pytest.raises(PassError, match="prune first"):
+        apply_pass("prune.structured", q, digits)
