@@ -27,7 +27,7 @@ def test_digits_splits_are_disjoint_and_seeded() -> None:
     assert _indices(b.evaluation) == ev
     assert _indices(c.evaluation) != ev
     x, y = next(iter(a.evaluation))
-    assert x.shape == (32, 1, 8, 8) and 0 <= x.min() and x.max() <= 1
+    assert x.shape == (32, 1, 8, 8) and x.min() >= 0 and x.max() <= 1
     assert a.has_labels and a.num_classes == 10 and y.max() <= 9
 
 
@@ -67,8 +67,10 @@ def _make_images(root: Path, classes: int = 2, per_class: int = 5, size: int = 2
 
 def test_imagefolder_split(tmp_path: Path) -> None:
     _make_images(tmp_path / "imgs", classes=3, per_class=6)
-    d = load_data(ImageFolderData(source="imagefolder", root=tmp_path / "imgs", image_size=16, batch_size=4), 0)
-    x, y = next(iter(d.evaluation))
+    d = load_data(
+        ImageFolderData(source="imagefolder", root=tmp_path / "imgs", image_size=16, batch_size=4), 0
+    )
+    x, _y = next(iter(d.evaluation))
     assert x.shape[1:] == (3, 16, 16)
     assert d.num_classes == 3 and d.has_labels
     assert len(d.evaluation.dataset) == round(0.3 * 18)
@@ -77,8 +79,16 @@ def test_imagefolder_split(tmp_path: Path) -> None:
 def test_imagefolder_separate_roots(tmp_path: Path) -> None:
     _make_images(tmp_path / "train")
     _make_images(tmp_path / "val")
-    d = load_data(ImageFolderData(source="imagefolder", train_root=tmp_path / "train",
-                                  evaluation_root=tmp_path / "val", image_size=8, batch_size=2), 0)
+    d = load_data(
+        ImageFolderData(
+            source="imagefolder",
+            train_root=tmp_path / "train",
+            evaluation_root=tmp_path / "val",
+            image_size=8,
+            batch_size=2,
+        ),
+        0,
+    )
     assert len(d.evaluation.dataset) == 10 and len(d.train.dataset) == 10
 
 
@@ -130,7 +140,12 @@ def test_python_bad_data(target: str, needle: str) -> None:
 
 
 def test_nan_inputs_are_refused() -> None:
-    spec = PythonData(source="python", target="tests.test_data:make_pairs", kwargs={"nan": True}, split=Split(
-        train=0.0, calibration=0.5, evaluation=0.5), batch_size=64)
+    spec = PythonData(
+        source="python",
+        target="tests.test_data:make_pairs",
+        kwargs={"nan": True},
+        split=Split(train=0.0, calibration=0.5, evaluation=0.5),
+        batch_size=64,
+    )
     with pytest.raises(DataError, match="NaN"):
         load_data(spec, 0)

@@ -21,7 +21,8 @@ class TinyEncoder(nn.Module):
         super().__init__()
         self.embed = nn.Linear(8, 32)
         self.encoder = nn.TransformerEncoder(
-            nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True, dropout=0.0), 1,
+            nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True, dropout=0.0),
+            1,
             enable_nested_tensor=False,
         )
         self.norm = nn.LayerNorm(32)
@@ -81,7 +82,9 @@ def test_injected_mismatch_fails_parity(trained_cnn, digits, tmp_path: Path) -> 
 
 def test_ort_static_int8_is_small_and_agrees(trained_cnn, digits, tmp_path: Path) -> None:
     fp32 = apply_pass("export.onnx", trained_cnn, digits, work_dir=tmp_path / "fp32")
-    q = apply_pass("quantize.onnx", fp32, digits, {"mode": "static", "format": "QDQ"}, work_dir=tmp_path / "q")
+    q = apply_pass(
+        "quantize.onnx", fp32, digits, {"mode": "static", "format": "QDQ"}, work_dir=tmp_path / "q"
+    )
     assert q.onnx_path.stat().st_size <= 0.3 * fp32.onnx_path.stat().st_size
     sess_q, sess_f = session(q.onnx_path), session(fp32.onnx_path)
     x = next(iter(digits.evaluation))[0]

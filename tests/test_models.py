@@ -19,7 +19,9 @@ def test_torchvision_with_local_weights(tmp_path: Path) -> None:
     ref = torchvision.models.squeezenet1_1(num_classes=10).eval()
     weights = tmp_path / "sq.pth"
     torch.save(ref.state_dict(), weights)
-    model = load_model(TorchvisionModel(source="torchvision", name="squeezenet1_1", weights=weights, num_classes=10))
+    model = load_model(
+        TorchvisionModel(source="torchvision", name="squeezenet1_1", weights=weights, num_classes=10)
+    )
     with torch.no_grad():
         assert torch.allclose(model(X), ref(X))
     assert not model.training
@@ -69,8 +71,11 @@ def test_checkpoint_state_dict_for_architecture(tmp_path: Path) -> None:
     ref = digits_cnn(width=8).eval()
     path = tmp_path / "ckpt.pt"
     torch.save({"epoch": 3, "state_dict": ref.state_dict()}, path)
-    m = load_model(CheckpointModel(source="checkpoint", path=path, architecture="torchtame.zoo:digits_cnn",
-                                   kwargs={"width": 8}))
+    m = load_model(
+        CheckpointModel(
+            source="checkpoint", path=path, architecture="torchtame.zoo:digits_cnn", kwargs={"width": 8}
+        )
+    )
     x = torch.rand(4, 1, 8, 8)
     with torch.no_grad():
         assert torch.equal(m(x), ref(x))
@@ -80,8 +85,11 @@ def test_checkpoint_wrong_architecture(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"
     torch.save(digits_cnn(width=8).state_dict(), path)
     with pytest.raises(ModelLoadError, match="does not fit"):
-        load_model(CheckpointModel(source="checkpoint", path=path, architecture="torchtame.zoo:digits_cnn",
-                                   kwargs={"width": 16}))
+        load_model(
+            CheckpointModel(
+                source="checkpoint", path=path, architecture="torchtame.zoo:digits_cnn", kwargs={"width": 16}
+            )
+        )
     with pytest.raises(ModelLoadError, match="missing"):
         load_model(CheckpointModel(source="checkpoint", path=path, architecture="torchtame.zoo:digits_mlp"))
 

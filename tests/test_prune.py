@@ -47,8 +47,12 @@ def test_layer_ratios_round_to_and_ignored(trained_cnn, digits) -> None:
         "prune.structured",
         trained_cnn,
         digits,
-        {"ratio": 0.25, "layer_ratios": {"features.0": 0.5}, "ignored_layers": ["features.7", "classifier.4"],
-         "round_to": 4},
+        {
+            "ratio": 0.25,
+            "layer_ratios": {"features.0": 0.5},
+            "ignored_layers": ["features.7", "classifier.4"],
+            "round_to": 4,
+        },
     )
     assert v.module.features[0].out_channels == 8
     assert v.module.features[3].out_channels == 24
@@ -59,8 +63,9 @@ def test_layer_ratios_round_to_and_ignored(trained_cnn, digits) -> None:
 
 
 def test_global_pruning_and_iterative_steps(trained_cnn, digits) -> None:
-    v = apply_pass("prune.structured", trained_cnn, digits,
-                   {"ratio": 0.5, "global_pruning": True, "iterative_steps": 3})
+    v = apply_pass(
+        "prune.structured", trained_cnn, digits, {"ratio": 0.5, "global_pruning": True, "iterative_steps": 3}
+    )
     assert len(v.info["steps"]) == 3
     macs = [s["macs"] for s in v.info["steps"]]
     assert macs[0] > macs[1] > macs[2]

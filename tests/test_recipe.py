@@ -55,22 +55,41 @@ BAD = [
     ("unknown pass option", GOOD + "    options: {bits: 4}\n", ["steps[0].options.bits", "allowed:"]),
     ("bad device", GOOD + "devices: [tpu]\n", ["devices", "tpu", "cuda:N"]),
     ("seed not an int", GOOD + "seed: abc\n", ["seed", "abc"]),
-    ("from names a later variant", GOOD + "  - name: p\n    pass: prune.structured\n    from: zzz\n",
-     ["steps[1].from", "zzz", "baseline"]),
+    (
+        "from names a later variant",
+        GOOD + "  - name: p\n    pass: prune.structured\n    from: zzz\n",
+        ["steps[1].from", "zzz", "baseline"],
+    ),
     ("duplicate step name", GOOD + "  - name: q\n    pass: prune.structured\n", ["steps[1].name", "twice"]),
-    ("pruning ratio out of range", GOOD + "  - name: p\n    pass: prune.structured\n    options: {ratio: 1.5}\n",
-     ["steps[1].options.ratio", "1.5"]),
-    ("batch size zero", GOOD.replace("source: digits", "source: digits\n  batch_size: 0"),
-     ["data.batch_size", "0"]),
-    ("latency batch size negative", GOOD + "evaluate: {latency: {batch_sizes: [-1]}}\n",
-     ["evaluate.latency.batch_sizes[0]"]),
+    (
+        "pruning ratio out of range",
+        GOOD + "  - name: p\n    pass: prune.structured\n    options: {ratio: 1.5}\n",
+        ["steps[1].options.ratio", "1.5"],
+    ),
+    (
+        "batch size zero",
+        GOOD.replace("source: digits", "source: digits\n  batch_size: 0"),
+        ["data.batch_size", "0"],
+    ),
+    (
+        "latency batch size negative",
+        GOOD + "evaluate: {latency: {batch_sizes: [-1]}}\n",
+        ["evaluate.latency.batch_sizes[0]"],
+    ),
     ("unknown metric", GOOD + "evaluate: {metrics: [f1]}\n", ["evaluate.metrics", "f1", "top1"]),
     ("bad report format", GOOD + "report: {formats: [pdf]}\n", ["report.formats[0]", "pdf"]),
-    ("split adds over 1", GOOD.replace("source: digits", "source: digits\n  split: {train: 0.9, evaluation: 0.5}"),
-     ["data.split", "add up"]),
+    (
+        "split adds over 1",
+        GOOD.replace("source: digits", "source: digits\n  split: {train: 0.9, evaluation: 0.5}"),
+        ["data.split", "add up"],
+    ),
     ("name with a slash", GOOD.replace("name: ok", "name: a/b"), ["name", "a/b"]),
     ("bad step name type", GOOD.replace("name: q", "name: [1]"), ["steps[0].name"]),
-    ("export names unknown variant", GOOD + "export: {onnx: true, variants: [nope]}\n", ["export.variants", "nope"]),
+    (
+        "export names unknown variant",
+        GOOD + "export: {onnx: true, variants: [nope]}\n",
+        ["export.variants", "nope"],
+    ),
 ]
 
 
@@ -113,7 +132,14 @@ def test_resolved_yaml_round_trips() -> None:
 
 def test_schema_lists_sources_and_passes() -> None:
     text = json.dumps(json_schema())
-    for name in ("quantize.dynamic", "quantize.static", "prune.structured", "export.onnx", "torchvision", "digits"):
+    for name in (
+        "quantize.dynamic",
+        "quantize.static",
+        "prune.structured",
+        "export.onnx",
+        "torchvision",
+        "digits",
+    ):
         assert name in text
 
 

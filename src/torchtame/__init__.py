@@ -4,9 +4,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .data import DataBundle, load_data, register_data_source  # noqa: E402
-from .devices import detect_environment, resolve_devices  # noqa: E402
-from .errors import (  # noqa: E402
+from .data import DataBundle, load_data, register_data_source
+from .devices import detect_environment, resolve_devices
+from .errors import (
     DataError,
     DeviceError,
     ModelLoadError,
@@ -15,11 +15,11 @@ from .errors import (  # noqa: E402
     RunError,
     TorchtameError,
 )
-from .models import load_model, register_model_source  # noqa: E402
-from .passes import register_pass  # noqa: E402
-from .pipeline import Pipeline, RunResult, apply_pass, run  # noqa: E402
-from .recipe import Recipe, json_schema, load_recipe  # noqa: E402
-from .variant import PassContext, Variant  # noqa: E402
+from .models import load_model, register_model_source
+from .passes import register_pass
+from .pipeline import Pipeline, RunResult, apply_pass, run
+from .recipe import Recipe, json_schema, load_recipe
+from .variant import PassContext, Variant
 
 __all__ = [
     "DataBundle",

@@ -104,15 +104,30 @@ def main() -> None:
 
 @main.command("run")
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path),
-              help="Where run directories go (overrides the recipe's output_dir).")
-@click.option("--device", "-d", "devices", multiple=True,
-              help="Measure on this device: auto, cpu, cuda or cuda:N (repeatable; overrides the recipe).")
+@click.option(
+    "--output-dir",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where run directories go (overrides the recipe's output_dir).",
+)
+@click.option(
+    "--device",
+    "-d",
+    "devices",
+    multiple=True,
+    help="Measure on this device: auto, cpu, cuda or cuda:N (repeatable; overrides the recipe).",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 if any variant failed.")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display; only warnings and the table.")
-def run_cmd(recipe: Path | None, output_dir: Path | None, devices: tuple[str, ...], strict: bool,
-            debug: bool, quiet: bool) -> None:
+def run_cmd(
+    recipe: Path | None,
+    output_dir: Path | None,
+    devices: tuple[str, ...],
+    strict: bool,
+    debug: bool,
+    quiet: bool,
+) -> None:
     """Run RECIPE (default: the embedded quickstart) and print the comparison table.
 
     Writes <output_dir>/<name>-<timestamp>/ with recipe.yaml, results.json, each variant's
@@ -130,8 +145,14 @@ def run_cmd(recipe: Path | None, output_dir: Path | None, devices: tuple[str, ..
         if quiet or not err.is_terminal:
             result = run(path, output_dir=output_dir, devices=list(devices) or None)
         else:
-            columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                       MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
+            columns = [
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"),
+            ]
             with Progress(*columns, console=err, transient=True) as p:
                 p_obj = RichProgress(p)
                 p.update(p_obj.main, info="")
@@ -139,7 +160,7 @@ def run_cmd(recipe: Path | None, output_dir: Path | None, devices: tuple[str, ..
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished variants are kept in the run directory")
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - every failure gets a clean message
+    except Exception as exc:
         _fail(exc, debug)
         return
     out.print(comparison_table(result.results))
@@ -189,7 +210,7 @@ def report(run_dir: Path, debug: bool) -> None:
     try:
         results = load_results(run_dir)
         written = write_reports(run_dir, results, ["md", "html"])
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _fail(exc, debug)
         return
     out.print(comparison_table(results))
@@ -199,8 +220,9 @@ def report(run_dir: Path, debug: bool) -> None:
 
 @main.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["table", "md", "html", "json"]), default="table",
-              show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "md", "html", "json"]), default="table", show_default=True
+)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
 @click.option("--debug", is_flag=True)
 def compare(run_dirs: tuple[Path, ...], fmt: str, output: Path | None, debug: bool) -> None:
@@ -209,7 +231,7 @@ def compare(run_dirs: tuple[Path, ...], fmt: str, output: Path | None, debug: bo
 
     try:
         text = compare_runs(list(run_dirs), fmt, console=out if (fmt == "table" and not output) else None)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _fail(exc, debug)
         return
     if output:

@@ -94,9 +94,7 @@ class ImageFolderData(DataSourceOptions):
 
 class SyntheticData(DataSourceOptions):
     source: Literal["synthetic"]
-    shape: list[int] = Field(
-        description="Shape of one sample, e.g. [3, 224, 224]."
-    )
+    shape: list[int] = Field(description="Shape of one sample, e.g. [3, 224, 224].")
     num_samples: int = Field(64, ge=1)
     distribution: Literal["normal", "uniform"] = "normal"
 
@@ -268,9 +266,7 @@ def _python(spec: PythonData, seed: int) -> DataBundle:
             return item.dataset
         if isinstance(item, Dataset):
             return item
-        raise DataError(
-            f"data.target returned {type(item).__name__} for {name}, not a Dataset or DataLoader"
-        )
+        raise DataError(f"data.target returned {type(item).__name__} for {name}, not a Dataset or DataLoader")
 
     if isinstance(obj, dict):
         unknown = set(obj) - {"train", "calibration", "evaluation"}
@@ -294,8 +290,6 @@ def _python(spec: PythonData, seed: int) -> DataBundle:
         raise DataError(f"data: samples must be tensors (or (tensor, label) pairs), got {type(x).__name__}")
     has_labels = y is not None and int(torch.as_tensor(y).reshape(-1)[0]) >= 0
     if y is None:
-        raise DataError(
-            "data: samples must be (input, label) pairs; use label -1 when there are no labels"
-        )
+        raise DataError("data: samples must be (input, label) pairs; use label -1 when there are no labels")
     loaders = _loaders(spec, seed, tr_ds, ca_ds, ev_ds)
     return DataBundle(*loaders, has_labels, spec.num_classes, tuple(x.shape), f"python {spec.target}")

@@ -170,7 +170,7 @@ class Pipeline:
         try:
             with torch.inference_mode():
                 model(self.example)
-        except Exception as exc:  # noqa: BLE001 - a user model can raise anything
+        except Exception as exc:
             raise ModelLoadError(
                 f"the model does not accept the data's inputs of shape {list(self.example.shape)}: "
                 f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}",
@@ -283,7 +283,7 @@ class Pipeline:
         except TorchtameError as exc:
             self._finish(variant, t0, str(exc), warns)
             return
-        except Exception as exc:  # noqa: BLE001 - a failing step must not stop the others
+        except Exception as exc:
             log.debug("step %s failed:\n%s", name, traceback.format_exc())
             self._finish(variant, t0, f"{type(exc).__name__}: {str(exc).strip()[:500]}", warns)
             return
@@ -305,9 +305,7 @@ class Pipeline:
             return [v.onnx_path, *[p for p in v.onnx_path.parent.glob(v.onnx_path.name + ".data")]]
         return [save_module(v, self._variant_dir(v.name), self.example)]
 
-    def _finish(
-        self, v: Variant, t0: float, error: str | None, warns: Counter[str] | None = None
-    ) -> None:
+    def _finish(self, v: Variant, t0: float, error: str | None, warns: Counter[str] | None = None) -> None:
         entry: dict[str, Any] = {
             "name": v.name,
             "status": "failed" if error else "ok",
@@ -322,7 +320,7 @@ class Pipeline:
                 warns = w
             except TorchtameError as exc:
                 error = f"measuring failed: {exc}"
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.debug("measuring %s failed:\n%s", v.name, traceback.format_exc())
                 error = f"measuring failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
             if error:
@@ -367,7 +365,7 @@ class Pipeline:
             if v.is_float and v.module is not None and v.dtype == "float32":
                 try:
                     macs = count_macs_params(v.module, self.example)[0]
-                except Exception as exc:  # noqa: BLE001 - counting is best effort
+                except Exception as exc:
                     log.debug("MACs of %s not counted: %s", v.name, exc)
             elif v.parent is not None:
                 macs = self._macs_of(v.parent)
@@ -376,9 +374,7 @@ class Pipeline:
         runnable = [d for d in self.devices if v.runs_on(d)[0]]
         out["skipped_devices"] = [
             {"device": d, "reason": v.runs_on(d)[1]} for d in self.devices if d not in runnable
-        ] + [
-            {"device": c.requested, "reason": c.reason} for c in self.choices if not c.available
-        ]
+        ] + [{"device": c.requested, "reason": c.reason} for c in self.choices if not c.available]
         if not runnable:
             out["accuracy"] = None
             out["latency"] = []

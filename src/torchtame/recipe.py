@@ -126,9 +126,7 @@ class ExportConfig(Strict):
 
 
 class ReportConfig(Strict):
-    formats: list[Literal["json", "md", "html"]] = Field(
-        default_factory=lambda: ["json", "md", "html"]
-    )
+    formats: list[Literal["json", "md", "html"]] = Field(default_factory=lambda: ["json", "md", "html"])
     table: bool = True
 
 
@@ -168,15 +166,12 @@ class Recipe(Strict):
                 raise ValueError(f"steps[{i}].name: variant name {step.name!r} is used twice")
             if step.from_ not in known:
                 raise ValueError(
-                    f"steps[{i}].from: {step.from_!r} is not an earlier variant; "
-                    f"allowed: {', '.join(known)}"
+                    f"steps[{i}].from: {step.from_!r} is not an earlier variant; allowed: {', '.join(known)}"
                 )
             known.append(step.name)
         for name in self.export.variants or []:
             if name not in known:
-                raise ValueError(
-                    f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}"
-                )
+                raise ValueError(f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}")
         return self
 
     def to_yaml(self) -> str:
@@ -290,9 +285,7 @@ def _read_text(source: str | Path) -> tuple[str, str]:
     return str(source), "recipe"
 
 
-def _format_errors(
-    exc: ValidationError, raw: Any, node: Any, where: str, cls: type[BaseModel]
-) -> str:
+def _format_errors(exc: ValidationError, raw: Any, node: Any, where: str, cls: type[BaseModel]) -> str:
     lines = []
     for err in exc.errors(include_url=False):
         loc = _strip_tags(err["loc"], raw)
@@ -358,9 +351,13 @@ def _strip_tags(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
     out: list[Any] = []
     cur = raw
     for part in loc:
-        if isinstance(cur, dict) and isinstance(part, str) and part not in cur:
-            if part in (cur.get("source"), cur.get("pass")) or part.startswith("Step_"):
-                continue
+        if (
+            isinstance(cur, dict)
+            and isinstance(part, str)
+            and part not in cur
+            and (part in (cur.get("source"), cur.get("pass")) or part.startswith("Step_"))
+        ):
+            continue
         out.append(part)
         if isinstance(cur, dict):
             cur = cur.get(part)
@@ -414,9 +411,10 @@ def _allowed_keys(cls: Any, loc: tuple[Any, ...], raw: Any) -> list[str]:
         elif isinstance(part, int):
             args = typing.get_args(tp)
             tp = args[0] if args else Any
-        cur = cur.get(part) if isinstance(cur, dict) else (
-            cur[part] if isinstance(cur, list) and isinstance(part, int) and part < len(cur)
-            else None
+        cur = (
+            cur.get(part)
+            if isinstance(cur, dict)
+            else (cur[part] if isinstance(cur, list) and isinstance(part, int) and part < len(cur) else None)
         )
     tp = _pick(tp, cur)
     if isinstance(tp, type) and issubclass(tp, BaseModel):

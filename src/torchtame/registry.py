@@ -51,9 +51,7 @@ class Registry(Generic[F]):
             return self._items[name]
         except KeyError:
             known = ", ".join(sorted(self._items)) or "(none)"
-            raise RecipeError(
-                f"unknown {self.kind} {name!r}", hint=f"use one of: {known}"
-            ) from None
+            raise RecipeError(f"unknown {self.kind} {name!r}", hint=f"use one of: {known}") from None
 
     def names(self) -> list[str]:
         load_plugins()

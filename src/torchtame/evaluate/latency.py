@@ -46,7 +46,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def summarize(times_ms: list[float], *, device: str, batch_size: int, threads: int, dtype: str) -> LatencyStats:
+def summarize(
+    times_ms: list[float], *, device: str, batch_size: int, threads: int, dtype: str
+) -> LatencyStats:
     s = sorted(times_ms)
     mean = statistics.fmean(s)
     p50 = percentile(s, 50)

@@ -86,11 +86,14 @@ def export_onnx(
     errors = []
     for name in attempts:
         try:
-            with caught(f"export.onnx ({name})"), open(os.devnull, "w") as devnull:
-                with contextlib.redirect_stdout(devnull):
-                    _export(module, example, path, opts, name)
+            with (
+                caught(f"export.onnx ({name})"),
+                open(os.devnull, "w") as devnull,
+                contextlib.redirect_stdout(devnull),
+            ):
+                _export(module, example, path, opts, name)
             break
-        except Exception as exc:  # noqa: BLE001 - exporters raise many kinds
+        except Exception as exc:
             first = str(exc).strip().splitlines()[0][:240] if str(exc).strip() else type(exc).__name__
             errors.append(f"{name}: {first}")
             log.info("ONNX export with the %s exporter failed: %s", name, first)
@@ -105,7 +108,7 @@ def export_onnx(
     merged = merge_external_data(path)
     try:
         onnx.checker.check_model(str(path), full_check=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise PassError(f"the exported ONNX model fails onnx.checker: {str(exc)[:300]}") from exc
     return {"exporter": name, "fallback_errors": errors, "merged_external_data": merged}
 
@@ -232,7 +235,10 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
     with caught("onnxruntime.quantization"):
         if opts.mode == "dynamic":
             oq.quantize_dynamic(
-                str(source), str(out), weight_type=qtype[opts.weight_type], per_channel=opts.per_channel,
+                str(source),
+                str(out),
+                weight_type=qtype[opts.weight_type],
+                per_channel=opts.per_channel,
                 reduce_range=opts.reduce_range,
             )
         else:
@@ -257,6 +263,10 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         onnx_path=out,
         dtype=f"onnx-{opts.mode}-int8",
         quantized=True,
-        info={"mode": opts.mode, "format": opts.format, "per_channel": opts.per_channel,
-              "calibration_method": opts.calibration_method if opts.mode == "static" else None},
+        info={
+            "mode": opts.mode,
+            "format": opts.format,
+            "per_channel": opts.per_channel,
+            "calibration_method": opts.calibration_method if opts.mode == "static" else None,
+        },
     )

@@ -190,7 +190,7 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
             ignored_layers=ignored,
             round_to=opts.round_to,
         )
-    except Exception as exc:  # noqa: BLE001 - torch-pruning raises many kinds
+    except Exception as exc:
         raise PassError(
             f"torch-pruning cannot build a dependency graph of this model: {str(exc)[:200]}",
             hint="add the layer it names to `ignored_layers`",
@@ -205,7 +205,7 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
                 model.eval()
             try:
                 pruner.step()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise PassError(
                     f"torch-pruning failed at step {step + 1}: {str(exc)[:200]}",
                     hint="add the layer it names to `ignored_layers`",

@@ -200,7 +200,7 @@ def untraceable_module(model: nn.Module, leaves: set[str]) -> tuple[str, str] | 
     tracer = _ProbeTracer(leaves)
     try:
         tracer.trace(model)
-    except Exception as exc:  # noqa: BLE001 - any trace failure is reported
+    except Exception as exc:
         where = tracer.failed_at[-1] if tracer.failed_at else ""
         return where, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return None
@@ -262,10 +262,7 @@ def fusion_groups(model: nn.Module) -> list[list[str]]:
             if conv and bn and seq and isinstance(nxt2, nn.ReLU):
                 groups.append([prefix + names[i], prefix + names[i + 1], prefix + names[i + 2]])
                 i += 3
-            elif conv and bn:
-                groups.append([prefix + names[i], prefix + names[i + 1]])
-                i += 2
-            elif seq and (conv or isinstance(m, nn.Linear)) and isinstance(nxt, nn.ReLU):
+            elif (conv and bn) or (seq and (conv or isinstance(m, nn.Linear)) and isinstance(nxt, nn.ReLU)):
                 groups.append([prefix + names[i], prefix + names[i + 1]])
                 i += 2
             else:
@@ -316,8 +313,10 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
     with engine(backend):
         fn = _static_fx if opts.mode == "fx" else _static_eager
         q = fn(model, ctx, opts, backend)
-    batches = len(ctx.data.calibration) if opts.calibration_batches is None else min(
-        opts.calibration_batches, len(ctx.data.calibration)
+    batches = (
+        len(ctx.data.calibration)
+        if opts.calibration_batches is None
+        else min(opts.calibration_batches, len(ctx.data.calibration))
     )
     return ctx.variant(
         q,

@@ -23,7 +23,9 @@ def write_reports(run_dir: Path, results: dict[str, Any], formats: list[str]) ->
         from .html import render_html
 
         path = run_dir / "report.html"
-        path.write_text(render_html(results), encoding="utf-8")
+        recipe = run_dir / "recipe.yaml"
+        text = recipe.read_text(encoding="utf-8") if recipe.is_file() else None
+        path.write_text(render_html(results, text), encoding="utf-8")
         written.append(path)
     return written
 

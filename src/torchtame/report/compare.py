@@ -24,8 +24,10 @@ def setting_differences(runs: list[dict[str, Any]]) -> list[str]:
     checks = {
         "threads": lambda r: r.get("settings", {}).get("threads"),
         "latency settings": lambda r: json.dumps(r.get("settings", {}).get("latency"), sort_keys=True),
-        "machine": lambda r: (r.get("environment", {}).get("cpu", {}).get("processor"),
-                              r.get("environment", {}).get("platform")),
+        "machine": lambda r: (
+            r.get("environment", {}).get("cpu", {}).get("processor"),
+            r.get("environment", {}).get("platform"),
+        ),
         "torch": lambda r: r.get("environment", {}).get("torch"),
         "data": lambda r: (r.get("data") or {}).get("description"),
     }
@@ -46,12 +48,27 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
             "runs": labels,
             "differences": notes,
             "variants": [
-                {"run": label, "name": row.name, "status": row.status, "top1": row.top1,
-                 "top1_drop": row.top1_drop, "size_bytes": row.size_bytes, "size_ratio": row.size_ratio,
-                 "params": row.params, "macs": row.macs,
-                 "latency": [{"device": k[0], "batch_size": k[1], "p50_ms": m["p50_ms"],
-                              "p90_ms": m["p90_ms"], "speedup": row.speedup.get(k)}
-                             for k, m in row.latency.items()]}
+                {
+                    "run": label,
+                    "name": row.name,
+                    "status": row.status,
+                    "top1": row.top1,
+                    "top1_drop": row.top1_drop,
+                    "size_bytes": row.size_bytes,
+                    "size_ratio": row.size_ratio,
+                    "params": row.params,
+                    "macs": row.macs,
+                    "latency": [
+                        {
+                            "device": k[0],
+                            "batch_size": k[1],
+                            "p50_ms": m["p50_ms"],
+                            "p90_ms": m["p90_ms"],
+                            "speedup": row.speedup.get(k),
+                        }
+                        for k, m in row.latency.items()
+                    ],
+                }
                 for label, row in all_rows
             ],
         }
@@ -61,9 +78,17 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
         head += [f"{d} b{b} p50 ms", "speed-up"]
     body = []
     for label, row in all_rows:
-        cells = [label, row.name, row.status, fmt_num(row.top1), fmt_num(row.top1_drop),
-                 fmt_num(row.size_mb, 3), fmt_num(row.size_ratio, 3), human_count(row.params),
-                 human_count(row.macs)]
+        cells = [
+            label,
+            row.name,
+            row.status,
+            fmt_num(row.top1),
+            fmt_num(row.top1_drop),
+            fmt_num(row.size_mb, 3),
+            fmt_num(row.size_ratio, 3),
+            human_count(row.params),
+            human_count(row.macs),
+        ]
         for k in keys:
             m = row.latency.get(k)
             s = row.speedup.get(k)
@@ -92,7 +117,9 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
         lines.append("|" + "---|" * len(head))
         lines += ["| " + " | ".join(c) + " |" for c in body]
         return "\n".join(lines) + "\n"
-    rows_html = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
+    rows_html = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
+    )
     notes_html = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>torchtame compare</title>"

@@ -27,8 +27,12 @@ def env_table(info: dict[str, Any]) -> Table:
     t.add_row("CPU", f"{cpu['processor']} ({cpu['machine']})")
     t.add_row("cores (logical / usable)", f"{cpu['logical_cores']} / {cpu['affinity_cores']}")
     t.add_row("torch threads (intra / inter)", f"{cpu['torch_threads']} / {cpu['torch_interop_threads']}")
-    t.add_row("quantized engines", ", ".join(cpu["quantized_engines"]) + f" (current: {cpu['quantized_engine']})")
-    t.add_row("MKL / MKLDNN / OpenMP", " / ".join("yes" if cpu[k] else "no" for k in ("mkl", "mkldnn", "openmp")))
+    t.add_row(
+        "quantized engines", ", ".join(cpu["quantized_engines"]) + f" (current: {cpu['quantized_engine']})"
+    )
+    t.add_row(
+        "MKL / MKLDNN / OpenMP", " / ".join("yes" if cpu[k] else "no" for k in ("mkl", "mkldnn", "openmp"))
+    )
     ort = info["onnxruntime"]
     t.add_row("onnxruntime", f"{ort['version']}: {', '.join(ort['providers'])}")
     for name, ver in info.get("packages", {}).items():

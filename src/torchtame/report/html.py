@@ -7,17 +7,25 @@ import html
 import io
 from typing import Any
 
-from .markdown import render_markdown
+from .markdown import intro, latency_note, sections, variant_table_cells
 from .rows import Row, latency_keys, pareto_front, rows_from_results
 
 
 def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _quality(r: Row) -> float | None:
+    if r.top1 is not None:
+        return r.top1
+    if r.agreement is not None:
+        return r.agreement
+    return 100.0 if r.name == "baseline" else None
 
 
 def plots(results: dict[str, Any]) -> dict[str, str]:
@@ -31,10 +39,14 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
     keys = latency_keys(rows)
     out: dict[str, str] = {}
     if keys:
-        key = keys[0]
-        pts = [(r.name, r.latency[key]["p50_ms"], _quality(r)) for r in rows if key in r.latency and _quality(r) is not None]
+        key = keys[-1]  # the largest batch on the first device: where the differences show
+        pts = [
+            (r.name, r.latency[key]["p50_ms"], q)
+            for r in rows
+            if key in r.latency and (q := _quality(r)) is not None
+        ]
         if pts:
-            front = set(pareto_front(pts))  # type: ignore[arg-type]
+            front = set(pareto_front(pts))
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
             for name, lat, acc in pts:
                 on = name in front
@@ -43,7 +55,8 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
             fr = sorted((p for p in pts if p[0] in front), key=lambda p: p[1])
             ax.plot([p[1] for p in fr], [p[2] for p in fr], "--", c="tab:red", label="Pareto front")
             ax.set_xlabel(f"p50 latency (ms), {key[0]}, batch {key[1]}")
-            ax.set_ylabel("top-1 accuracy (%)" if rows[0].top1 is not None else "agreement with baseline (%)")
+            labelled = any(r.top1 is not None for r in rows)
+            ax.set_ylabel("top-1 accuracy (%)" if labelled else "agreement with baseline (%)")
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right")
             out["Latency vs accuracy"] = _png(fig)
@@ -71,32 +84,10 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _quality(r: Row) -> float | None:
-    if r.top1 is not None:
-        return r.top1
-    if r.agreement is not None:
-        return r.agreement
-    return 100.0 if r.name == "baseline" else None
-
-
-def _md_table_to_html(md: str) -> str:
-    lines = [ln for ln in md.splitlines() if ln.startswith("|")]
-    if len(lines) < 2:
-        return ""
-    def cells(line: str) -> list[str]:
-        return [c.strip().replace("\\|", "|") for c in line.strip().strip("|").split(" | ")]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells(lines[0]))
-    body = ""
-    for ln in lines[2:]:
-        cs = cells(ln)
-        cls = ' class="failed"' if cs and cs[-1].startswith("failed") else ""
-        body += f"<tr{cls}>" + "".join(f"<td>{html.escape(c.strip('`'))}</td>" for c in cs) + "</tr>"
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:1rem 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1280px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1rem 0}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}tr.failed td{color:#b00}
 .plots{display:flex;flex-wrap:wrap;gap:1rem}.plots figure{margin:0}figcaption{font-weight:600}
 pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:12px}
@@ -104,30 +95,32 @@ pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:12px}
 
 
 def render_html(results: dict[str, Any], recipe_yaml: str | None = None) -> str:
-    md = render_markdown(results)
-    sections = md.split("\n## ")
-    table_html = _md_table_to_html(md.split("## Variants", 1)[-1])
-    prose = []
-    for sec in sections[2:]:
-        title, _, body = sec.partition("\n")
-        items = "".join(
-            f"<li>{html.escape(ln[2:])}</li>" for ln in body.splitlines() if ln.startswith("- ")
-        )
-        rest = " ".join(html.escape(ln) for ln in body.splitlines() if ln and not ln.startswith("- "))
-        prose.append(f"<h2>{html.escape(title)}</h2><ul>{items}</ul><p>{rest}</p>")
+    esc = html.escape
+    head, body = variant_table_cells(results)
+    thead = "".join(f"<th>{esc(c)}</th>" for c in head)
+    tbody = "".join(
+        ("<tr class='failed'>" if cells[-1].startswith("failed") else "<tr>")
+        + "".join(f"<td>{esc(c)}</td>" for c in cells)
+        + "</tr>"
+        for cells in body
+    )
     figs = "".join(
-        f'<figure><figcaption>{html.escape(t)}</figcaption><img alt="{html.escape(t)}" src="{uri}"></figure>'
+        f'<figure><figcaption>{esc(t)}</figcaption><img alt="{esc(t)}" src="{uri}"></figure>'
         for t, uri in plots(results).items()
     )
-    note = sections[1].split("\n\n")[-1] if len(sections) > 1 else ""
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>torchtame: {html.escape(str(results.get('recipe')))}</title><style>{CSS}</style></head><body>"
-        f"<h1>torchtame report: {html.escape(str(results.get('recipe')))}</h1>"
-        f"<p>Status: <b>{html.escape(str(results.get('status')))}</b>; started {html.escape(str(results.get('started')))}</p>"
-        f"<h2>Variants</h2>{table_html}<p>{html.escape(note)}</p>"
-        f"<div class='plots'>{figs}</div>"
-        + "".join(prose)
-        + (f"<h2>Recipe</h2><pre>{html.escape(recipe_yaml)}</pre>" if recipe_yaml else "")
-        + "</body></html>"
-    )
+    name = esc(str(results.get("recipe")))
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>torchtame: {name}</title>"
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>torchtame report: {name}</h1>",
+        *[f"<p>{esc(line).replace('**', '')}</p>" for line in intro(results)],
+        f"<h2>Variants</h2><table><thead><tr>{thead}</tr></thead><tbody>{tbody}</tbody></table>",
+        f"<p>{esc(latency_note(results))}</p>",
+        f"<div class='plots'>{figs}</div>",
+    ]
+    for title, items in sections(results):
+        parts.append(f"<h2>{esc(title)}</h2><ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>")
+    if recipe_yaml:
+        parts.append(f"<h2>Recipe</h2><pre>{esc(recipe_yaml)}</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

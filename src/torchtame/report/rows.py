@@ -46,8 +46,7 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
         speed = {
             k: base_lat[k]["p50_ms"] / m["p50_ms"]
             for k, m in lat.items()
-            if k in base_lat and m["p50_ms"] > 0
-            and base_lat[k]["threads"] == m["threads"]
+            if k in base_lat and m["p50_ms"] > 0 and base_lat[k]["threads"] == m["threads"]
         }
         rows.append(
             Row(
@@ -89,9 +88,7 @@ def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
     front = []
     for name, lat, acc in points:
         dominated = any(
-            (ol <= lat and oa >= acc) and (ol < lat or oa > acc)
-            for on, ol, oa in points
-            if on != name
+            (ol <= lat and oa >= acc) and (ol < lat or oa > acc) for on, ol, oa in points if on != name
         )
         if not dominated:
             front.append(name)

@@ -20,8 +20,12 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
         table.add_column(f"{device} b{bs}\np50 ms (x)", justify="right")
     for r in rows:
         if r.status != "ok":
-            table.add_row(f"[red]{r.name}[/red]", "failed", (r.error or "").splitlines()[0][:70],
-                          *[""] * (4 + len(keys)))
+            table.add_row(
+                f"[red]{r.name}[/red]",
+                "failed",
+                (r.error or "").splitlines()[0][:70],
+                *[""] * (4 + len(keys)),
+            )
             continue
         if r.top1 is not None:
             acc = fmt_num(r.top1)
@@ -29,8 +33,15 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
             acc = f"agr {r.agreement:.1f}"
         else:
             acc = "n/a"
-        cells = [r.name, r.dtype, acc, fmt_num(r.top1_drop), fmt_num(r.size_mb, 3),
-                 fmt_num(r.size_ratio, 2), human_count(r.macs)]
+        cells = [
+            r.name,
+            r.dtype,
+            acc,
+            fmt_num(r.top1_drop),
+            fmt_num(r.size_mb, 3),
+            fmt_num(r.size_ratio, 2),
+            human_count(r.macs),
+        ]
         for k in keys:
             m = r.latency.get(k)
             if m is None:

@@ -1,0 +1,127 @@
+"""End to end: the quickstart through the CLI, and the Python API on a small recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchtame import run
+
+from .conftest import load_results, run_cli, tiny_recipe
+
+
+def test_quickstart_run_directory(quickstart_run) -> None:
+    proc, run_dir = quickstart_run
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"recipe.yaml", "results.json", "report.md", "report.html", "variants"} <= names
+    res = load_results(run_dir)
+    assert res["status"] == "complete" and res["finished"]
+    ok = [v for v in res["variants"] if v["status"] == "ok"]
+    measured = [v for v in ok if v["accuracy"] and v["latency"] and v["size"]["bytes"]]
+    assert len(measured) >= 4
+    for v in ok:
+        for f in v["artifact"]:
+            assert (run_dir / f).is_file()
+    by = {v["name"]: v for v in res["variants"]}
+    assert by["baseline"]["accuracy"]["top1"] >= 97.0
+    assert by["int8-dynamic"]["size"]["bytes"] < by["baseline"]["size"]["bytes"]
+    assert by["int8-static"]["size"]["bytes"] < 0.3 * by["baseline"]["size"]["bytes"]
+    assert by["int8-static"]["accuracy"]["top1_drop"] <= 1.0
+    assert "variant" in proc.stdout and "baseline" in proc.stdout and "int8-static" in proc.stdout
+    assert "run directory:" in proc.stdout
+
+
+def test_quickstart_prune_finetune_within_2_points_and_faster(quickstart_run) -> None:
+    _, run_dir = quickstart_run
+    by = {v["name"]: v for v in load_results(run_dir)["variants"]}
+    ft = by["pruned-ft"]
+    assert ft["accuracy"]["top1_drop"] <= 2.0
+    assert ft["accuracy"]["top1"] > by["pruned"]["accuracy"]["top1"] - 0.5
+    assert ft["size"]["macs"] <= 0.5 * by["baseline"]["size"]["macs"]
+    base = {(m["device"], m["batch_size"]): m["p50_ms"] for m in by["baseline"]["latency"]}
+    big = max(bs for _, bs in base)
+    ft_lat = {(m["device"], m["batch_size"]): m["p50_ms"] for m in ft["latency"]}
+    assert ft_lat[("cpu", big)] < base[("cpu", big)]
+    assert "pruned-ft-int8" in by and by["pruned-ft-int8"]["status"] == "ok"
+
+
+def test_quickstart_onnx_twins_are_verified(quickstart_run) -> None:
+    _, run_dir = quickstart_run
+    by = {v["name"]: v for v in load_results(run_dir)["variants"]}
+    for name in ("baseline-onnx", "pruned-ft-onnx"):
+        assert by[name]["status"] == "ok", by[name].get("error")
+        assert by[name]["info"]["parity"]["passed"] == 1.0
+        assert by[name]["latency"][0]["runtime"] == "onnxruntime"
+    assert by["onnx-int8"]["size"]["bytes"] < 0.3 * by["baseline-onnx"]["size"]["bytes"]
+
+
+def test_api_returns_what_results_json_holds(tmp_path: Path) -> None:
+    steps = [
+        {"name": "int8", "pass": "quantize.static"},
+        {"name": "pruned", "pass": "prune.structured", "options": {"ratio": 0.25}},
+    ]
+    result = run(tiny_recipe(tmp_path, steps=steps))
+    on_disk = json.loads((result.run_dir / "results.json").read_text())
+    assert json.loads(json.dumps(result.results, default=str)) == on_disk
+    assert result.status == "complete"
+    assert result.variant("int8")["size"]["bytes"] < result.variant("baseline")["size"]["bytes"]
+    assert set(result.variants) == {"baseline", "int8", "pruned"}
+
+
+def test_trained_model_is_cached_and_reused(tmp_path: Path) -> None:
+    first = run(tiny_recipe(tmp_path))
+    second = run(tiny_recipe(tmp_path))
+    assert first.results["model"]["training"]["cached"] is False
+    assert second.results["model"]["training"]["cached"] is True
+    assert first.variant("baseline")["accuracy"]["top1"] == second.variant("baseline")["accuracy"]["top1"]
+
+
+def test_failed_step_is_recorded_and_others_go_on(tmp_path: Path) -> None:
+    steps = [
+        {"name": "bad", "pass": "quantize.dynamic", "options": {"exclude": ["no_such_layer"]}},
+        {"name": "after-bad", "from": "bad", "pass": "quantize.static"},
+        {"name": "good", "pass": "quantize.static"},
+    ]
+    result = run(tiny_recipe(tmp_path, steps=steps))
+    assert result.status == "complete"
+    assert result.variant("bad")["status"] == "failed"
+    assert "no_such_layer" in result.variant("bad")["error"]
+    assert "skipped" in result.variant("after-bad")["error"]
+    assert result.variant("good")["status"] == "ok"
+    md = (result.run_dir / "report.md").read_text()
+    assert "## Failures" in md and "no_such_layer" in md
+
+
+def test_cli_strict_exits_1_on_failed_variant(tmp_path: Path) -> None:
+    import yaml
+
+    recipe = tiny_recipe(
+        tmp_path, steps=[{"name": "bad", "pass": "quantize.dynamic", "options": {"exclude": ["nope"]}}]
+    )
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    proc = run_cli(str(path), "--strict", "--quiet")
+    assert proc.returncode == 1
+    assert "1 variant(s) failed" in proc.stderr
+
+
+def test_synthetic_data_reports_accuracy_as_not_measured(tmp_path: Path) -> None:
+    recipe = tiny_recipe(
+        tmp_path,
+        data={"source": "synthetic", "shape": [1, 8, 8], "num_samples": 32, "batch_size": 16},
+        steps=[{"name": "int8", "pass": "quantize.dynamic"}],
+    )
+    recipe["model"].pop("train")
+    result = run(recipe)
+    base, q = result.variant("baseline"), result.variant("int8")
+    assert "top1" not in base["accuracy"] and "top1" not in q["accuracy"]
+    assert q["accuracy"]["top1_agreement"] >= 90
+    assert "not measured" in (result.run_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["run", "--help"], ["compare", "--help"]])
+def test_cli_help_and_version(args: list[str]) -> None:
+    proc = run_cli(*args)
+    assert proc.returncode == 0 and proc.stdout.strip()
