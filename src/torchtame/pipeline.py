@@ -403,7 +403,8 @@ class Pipeline:
         out["latency"] = []
         if lat.enabled:
             for device in runnable:
-                with make_runner(v, device, lat.threads, lat.inference_mode) as (run, prepare):
+                runner = make_runner(v, device, lat.threads, lat.inference_mode, lat.onnx_graph_optimization)
+                with runner as (run, prepare):
                     for bs in lat.batch_sizes:
                         self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
                         x = prepare(self.data.example_input(bs))
@@ -420,6 +421,8 @@ class Pipeline:
                         )
                         d = stats.to_dict()
                         d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
+                        if v.kind == "onnx":
+                            d["graph_optimization"] = lat.onnx_graph_optimization
                         out["latency"].append(d)
         return out
 
@@ -436,6 +439,14 @@ class Pipeline:
             write_json_atomic(self.run_dir / "results.json", self.results)
 
     def finish(self, status: str, error: str | None = None) -> None:
+        if self.warnings:
+            top = ", ".join(f"{k.split(': ', 1)[-1][:60]!r} x{n}" for k, n in self.warnings.most_common(3))
+            log.info(
+                "caught %d library warnings (%d distinct; most frequent: %s); all are in results.json",
+                sum(self.warnings.values()),
+                len(self.warnings),
+                top,
+            )
         self.results["status"] = status
         self.results["error"] = error
         self.results["finished"] = _now()

@@ -86,8 +86,11 @@ class LatencyConfig(Strict):
     min_runs: int = Field(20, ge=1)
     min_time_s: float = Field(0.5, ge=0)
     max_runs: int = Field(100_000, ge=1)
-    threads: int | None = Field(None, ge=1, description="torch.set_num_threads while timing.")
+    threads: int | None = Field(
+        None, ge=1, description="Threads while timing (torch.set_num_threads and onnxruntime intra-op)."
+    )
     inference_mode: bool = True
+    onnx_graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
 
     @model_validator(mode="after")
     def _runs(self) -> LatencyConfig:
@@ -99,7 +102,8 @@ class LatencyConfig(Strict):
 class EvaluateConfig(Strict):
     metrics: list[str] = Field(
         default_factory=lambda: ["top1", "top5", "fidelity"],
-        description="Accuracy metrics: top1, top5, fidelity (agreement with the baseline).",
+        description="Accuracy metrics: top1, top5, fidelity (agreement with the baseline), or "
+        "'module:callable' taking (logits, labels|None, baseline_logits|None) and returning a dict.",
     )
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     macs: bool = True
@@ -110,8 +114,10 @@ class EvaluateConfig(Strict):
         from .evaluate.accuracy import METRICS
 
         for name in value:
-            if name not in METRICS:
-                raise ValueError(f"unknown metric {name!r}; allowed: {', '.join(sorted(METRICS))}")
+            if name not in METRICS and ":" not in name:
+                raise ValueError(
+                    f"unknown metric {name!r}; allowed: {', '.join(sorted(METRICS))} or 'module:callable'"
+                )
         return value
 
 

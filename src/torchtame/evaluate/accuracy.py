@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from ..errors import TorchtameError
 from ..onnx_runtime import compare_outputs
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], dict[str, float] | None]
@@ -49,6 +50,15 @@ def register_metric(name: str) -> Callable[[MetricFn], MetricFn]:
     return decorator
 
 
+def metric_fn(name: str) -> MetricFn:
+    """A registered metric, or a ``module:callable`` imported on first use."""
+    if name not in METRICS:
+        from ..models import resolve_callable
+
+        METRICS[name] = resolve_callable(name, "evaluate.metrics")
+    return METRICS[name]
+
+
 def predict(
     run: Callable[[torch.Tensor], torch.Tensor],
     prepare: Callable[[torch.Tensor], torch.Tensor],
@@ -74,7 +84,11 @@ def evaluate_accuracy(
     """Each requested metric that applies; labels None means accuracy is not measured."""
     result: dict[str, Any] = {}
     for name in metrics:
-        value = METRICS[name](logits, labels, baseline_logits)
+        value = metric_fn(name)(logits, labels, baseline_logits)
+        if value is not None and not isinstance(value, dict):
+            raise TorchtameError(
+                f"metric {name!r} returned {type(value).__name__}, not a dict of name -> number"
+            )
         if value is not None:
             result.update(value)
     if not torch.isfinite(logits).all():

@@ -17,7 +17,11 @@ Runner = Callable[[torch.Tensor], torch.Tensor]
 
 @contextmanager
 def make_runner(
-    variant: Variant, device: str, threads: int | None = None, inference_mode: bool = True
+    variant: Variant,
+    device: str,
+    threads: int | None = None,
+    inference_mode: bool = True,
+    opt_level: str = "all",
 ) -> Iterator[tuple[Runner, Callable[[torch.Tensor], torch.Tensor]]]:
     """Yield ``(run, prepare)``: ``prepare`` moves/casts an input, ``run`` returns raw outputs.
 
@@ -28,7 +32,8 @@ def make_runner(
         assert variant.onnx_path is not None
         if device.startswith("cuda") and not cuda_provider_available():
             raise PassError("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
-        sess = session(variant.onnx_path, device, threads)
+        # the same intra-op thread count as PyTorch, so both runtimes compare on equal terms
+        sess = session(variant.onnx_path, device, threads or torch.get_num_threads(), opt_level)
         yield (lambda x: run_session(sess, x)), (lambda x: x.to(variant.input_dtype))
         return
     assert variant.module is not None
