@@ -239,3 +239,27 @@ def compare(run_dirs: tuple[Path, ...], fmt: str, output: Path | None, debug: bo
         out.print(f"wrote {output}", highlight=False)
     elif text:
         click.echo(text)
+
+
+@main.command("passes")
+def passes_cmd() -> None:
+    """List model sources, data sources and passes with their options and defaults."""
+    from rich.table import Table
+
+    from . import data, models
+    from .passes import PASSES
+
+    for title, reg in (("model sources", models.SOURCES), ("data sources", data.SOURCES), ("passes", PASSES)):
+        table = Table(title=title, show_lines=True)
+        table.add_column("name", style="bold")
+        table.add_column("what it does")
+        table.add_column("options (default)")
+        for entry in reg.entries():
+            opts = []
+            for name, f in entry.options.model_fields.items():
+                if name == "source":
+                    continue
+                default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+                opts.append(f"{f.alias or name} ({default})")
+            table.add_row(entry.name, entry.summary, ", ".join(opts))
+        out.print(table)
