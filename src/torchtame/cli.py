@@ -15,6 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from . import __version__
@@ -75,14 +76,19 @@ def _setup_logging(debug: bool, quiet: bool) -> None:
 
 
 def _fail(exc: BaseException, debug: bool) -> None:
+    """Print an error in one or two unwrapped lines (traceback only with --debug) and exit."""
     if debug:
         err.print(traceback.format_exc(), markup=False, highlight=False)
     if isinstance(exc, TorchtameError):
-        err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
         if exc.hint:
-            err.print(f"  [yellow]fix:[/] {exc.hint}", highlight=False)
+            err.print(f"  [yellow]fix:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", markup=True, highlight=False)
+    err.print(
+        f"[bold red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}",
+        highlight=False,
+        soft_wrap=True,
+    )
     err.print("  rerun with --debug for the traceback, and please report it", highlight=False)
     sys.exit(1)
 
@@ -117,6 +123,11 @@ def main() -> None:
     multiple=True,
     help="Measure on this device: auto, cpu, cuda or cuda:N (repeatable; overrides the recipe).",
 )
+@click.option(
+    "--resume",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Continue an interrupted or failed run in this directory, skipping finished variants.",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 if any variant failed.")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display; only warnings and the table.")
@@ -124,6 +135,7 @@ def run_cmd(
     recipe: Path | None,
     output_dir: Path | None,
     devices: tuple[str, ...],
+    resume: Path | None,
     strict: bool,
     debug: bool,
     quiet: bool,
@@ -140,10 +152,10 @@ def run_cmd(
     from .report.table import comparison_table
 
     _setup_logging(debug, quiet)
-    path = recipe or default_recipe()
+    path = recipe or (None if resume else default_recipe())
     try:
         if quiet or not err.is_terminal:
-            result = run(path, output_dir=output_dir, devices=list(devices) or None)
+            result = run(path, output_dir=output_dir, devices=list(devices) or None, resume=resume)
         else:
             columns = [
                 SpinnerColumn(),
@@ -156,7 +168,9 @@ def run_cmd(
             with Progress(*columns, console=err, transient=True) as p:
                 p_obj = RichProgress(p)
                 p.update(p_obj.main, info="")
-                result = run(path, output_dir=output_dir, devices=list(devices) or None, progress=p_obj)
+                result = run(
+                    path, output_dir=output_dir, devices=list(devices) or None, progress=p_obj, resume=resume
+                )
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished variants are kept in the run directory")
         sys.exit(130)

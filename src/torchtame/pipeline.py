@@ -25,7 +25,7 @@ import torch
 
 from . import __version__
 from ._warnings import caught
-from .artifacts import save_module
+from .artifacts import load_module, save_module
 from .data import DataBundle, load_data
 from .devices import DeviceChoice, detect_environment, resolve_devices
 from .errors import ModelLoadError, RunError, TorchtameError
@@ -113,8 +113,10 @@ def _make_run_dir(recipe: Recipe) -> Path:
 class Pipeline:
     """Runs one recipe. Use :func:`run` unless you need the stages one by one."""
 
-    def __init__(self, recipe: Recipe, progress: Progress | None = None) -> None:
+    def __init__(self, recipe: Recipe, progress: Progress | None = None, resume: Path | None = None) -> None:
         self.recipe = recipe
+        self.resume_dir = resume
+        self.previous: dict[str, dict[str, Any]] = {}
         self.progress = progress or NullProgress()
         self.variants: dict[str, Variant] = {}
         self.baseline_logits: torch.Tensor | None = None
@@ -131,7 +133,11 @@ class Pipeline:
         for c in self.choices:
             if c.reason:
                 log.info("device %s: %s", c.requested, c.reason)
-        self.run_dir = _make_run_dir(r)
+        if self.resume_dir is not None:
+            self.run_dir = self.resume_dir
+            self.previous = {v["name"]: v for v in _read_previous(self.resume_dir) if v.get("status") == "ok"}
+        else:
+            self.run_dir = _make_run_dir(r)
         (self.run_dir / "recipe.yaml").write_text(r.to_yaml(), encoding="utf-8")
         self.results = {
             "torchtame": __version__,
@@ -233,7 +239,10 @@ class Pipeline:
     def build_variants(self, model: torch.nn.Module) -> None:
         baseline = Variant(name="baseline", module=model, lineage=["baseline"])
         self.variants["baseline"] = baseline
-        self._finish(baseline, time.perf_counter(), None)
+        if "baseline" in self.previous:
+            self._restore(baseline, self.previous["baseline"])
+        else:
+            self._finish(baseline, time.perf_counter(), None)
         if self.baseline_entry.get("status") == "failed":
             raise RunError(f"the baseline could not be measured: {self.baseline_entry['error']}")
         for i, step in enumerate(self.recipe.steps):
@@ -261,6 +270,13 @@ class Pipeline:
             self._finish(variant, t0, f"skipped: its source variant {parent_name!r} failed")
             return
         variant.lineage = [*parent.lineage, name]
+        before = self.previous.get(name)
+        if before is not None and (before.get("pass"), before.get("from")) == (pass_name, parent_name):
+            restored = self._load_previous(variant, before)
+            if restored is not None:
+                self.variants[name] = restored
+                self._restore(restored, before)
+                return
         self.progress.status(f"{name}: {pass_name}")
         seed_everything(self.recipe.seed + index + 1)
         ctx = PassContext(
@@ -283,6 +299,15 @@ class Pipeline:
         except TorchtameError as exc:
             self._finish(variant, t0, str(exc), warns)
             return
+        except (MemoryError, torch.OutOfMemoryError) as exc:
+            self._finish(
+                variant,
+                t0,
+                f"out of memory in {pass_name}: {str(exc).strip()[:300]}; lower data.batch_size or "
+                "evaluate.latency.batch_sizes, or run this step on a machine with more memory",
+                warns,
+            )
+            return
         except Exception as exc:
             log.debug("step %s failed:\n%s", name, traceback.format_exc())
             self._finish(variant, t0, f"{type(exc).__name__}: {str(exc).strip()[:500]}", warns)
@@ -292,6 +317,45 @@ class Pipeline:
         self._finish(made, t0, None, warns)
 
     # ----------------------------------------------------------------- measuring
+
+    def _load_previous(self, variant: Variant, entry: dict[str, Any]) -> Variant | None:
+        """The variant a previous (interrupted) run finished, loaded from its artefact."""
+        assert self.run_dir is not None
+        files = [self.run_dir / f for f in entry.get("artifact", [])]
+        if not files or not all(f.is_file() for f in files):
+            return None
+        restored = Variant(
+            name=variant.name,
+            pass_name=variant.pass_name,
+            parent=variant.parent,
+            lineage=variant.lineage,
+            dtype=entry.get("dtype", "float32"),
+            input_dtype=getattr(torch, entry.get("input_dtype", "float32")),
+            devices=entry.get("device_policy", "any"),
+            quantized=entry.get("quantized", False),
+            backend=entry.get("backend"),
+            info=entry.get("info", {}),
+        )
+        if files[0].suffix == ".onnx":
+            restored.onnx_path = files[0]
+        else:
+            try:
+                restored.module = load_module(files[0]).eval()
+            except Exception as exc:  # a broken artefact is rebuilt
+                log.info("cannot reload %s (%s); rebuilding it", files[0], exc)
+                return None
+        return restored
+
+    def _restore(self, v: Variant, entry: dict[str, Any]) -> None:
+        """Reuse an earlier run's measurements of ``v``. The baseline's outputs are recomputed:
+        the variants still to be built need them for fidelity."""
+        if v.name == "baseline":
+            device = (entry.get("accuracy") or {}).get("device", "cpu")
+            with make_runner(v, device if device in self.devices else "cpu") as (run, prepare):
+                self.baseline_logits, _ = predict(run, prepare, self.data.evaluation)
+        log.info("resumed: %s was finished by the earlier run", v.name)
+        self.results["variants"].append({**entry, "resumed": True})
+        self.save()
 
     def _variant_dir(self, name: str) -> Path:
         assert self.run_dir is not None
@@ -350,6 +414,8 @@ class Pipeline:
             "dtype": v.dtype,
             "quantized": v.quantized,
             "backend": v.backend,
+            "input_dtype": str(v.input_dtype).removeprefix("torch."),
+            "device_policy": v.devices,
             "artifact": [str(p.relative_to(self.run_dir)) for p in files],
             "info": v.info,
         }
@@ -477,19 +543,44 @@ class Pipeline:
 
 
 def run(
-    recipe: str | Path | dict[str, Any] | Recipe,
+    recipe: str | Path | dict[str, Any] | Recipe | None = None,
     *,
     output_dir: str | Path | None = None,
     devices: list[str] | None = None,
     progress: Progress | None = None,
+    resume: str | Path | None = None,
 ) -> RunResult:
-    """Run a recipe end to end and return its results (the data ``results.json`` holds)."""
+    """Run a recipe end to end and return its results (the data ``results.json`` holds).
+
+    ``resume`` names the directory of an earlier run that failed or was interrupted: variants it
+    finished are reloaded from their artefacts, the rest are built, all in that directory. The
+    recipe defaults to the one saved there.
+    """
+    resume_dir = None
+    if resume is not None:
+        resume_dir = Path(resume)
+        saved = resume_dir / "recipe.yaml"
+        if not (resume_dir / "results.json").is_file() or not saved.is_file():
+            raise RunError(
+                f"{str(resume_dir)!r} is not a torchtame run directory (no results.json/recipe.yaml)",
+                hint="pass the directory an earlier `optimize` run printed",
+            )
+        recipe = recipe if recipe is not None else saved
+    if recipe is None:
+        raise RunError("no recipe given", hint="pass a recipe path, dict or Recipe")
     loaded = load_recipe(
         recipe,
         output_dir=str(output_dir) if output_dir is not None else None,
         devices=devices,
     )
-    return Pipeline(loaded, progress).run()
+    return Pipeline(loaded, progress, resume=resume_dir).run()
+
+
+def _read_previous(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        return json.loads((run_dir / "results.json").read_text(encoding="utf-8")).get("variants", [])
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunError(f"cannot read {str(run_dir / 'results.json')!r} to resume: {exc}") from exc
 
 
 def apply_pass(
