@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -58,8 +59,10 @@ def _files(tmp: Path) -> dict[str, Path]:
         "import torch\nfrom torch.utils.data import TensorDataset\n"
         "def make():\n    x = torch.rand(40, 1, 8, 8); x[:, 0, 0, 0] = float('nan')\n"
         "    return TensorDataset(x, torch.zeros(40, dtype=torch.int64))\n"
-        "def empty():\n    return TensorDataset(torch.empty(0, 1, 8, 8), torch.empty(0, dtype=torch.int64))\n"
-        "def wrong_shape():\n    return TensorDataset(torch.rand(40, 3, 5, 5), torch.zeros(40, dtype=torch.int64))\n"
+        "def empty():\n"
+        "    return TensorDataset(torch.empty(0, 1, 8, 8), torch.empty(0, dtype=torch.int64))\n"
+        "def wrong_shape():\n"
+        "    return TensorDataset(torch.rand(40, 3, 5, 5), torch.zeros(40, dtype=torch.int64))\n"
     )
     return {"sd": sd, "full": full, "junk": junk, "dir": tmp}
 
@@ -370,7 +373,7 @@ def test_bad_input_gives_one_clear_line(case_dir, cid, build, code, needle) -> N
 
 
 def test_debug_shows_the_traceback(case_dir) -> None:
-    tmp, files = case_dir
+    tmp, _ = case_dir
     path = tmp / "dbg.yaml"
     path.write_text(yaml.safe_dump(_with(tmp, ("model", "target"), "torchtame.zoo:resnet")))
     result = CliRunner().invoke(main, [str(path), "--quiet", "--debug", "-o", str(tmp / "runs")])
@@ -401,10 +404,8 @@ def test_fuzzed_recipes_only_raise_recipe_errors(raw: dict) -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=200))
 def test_fuzzed_yaml_text_only_raises_recipe_errors(text: str) -> None:
-    try:
+    with contextlib.suppress(RecipeError):
         load_recipe(text if "\n" in text else text + "\n")
-    except RecipeError:
-        pass
 
 
 # ------------------------------------------------------------------ faults

@@ -24,7 +24,7 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
             table.add_row(
                 f"[red]{r.name}[/red]",
                 "failed",
-                (r.error or "").splitlines()[0][:70],
+                escape((r.error or "").splitlines()[0][:70]),
                 *[""] * (4 + len(keys)),
             )
             continue
