@@ -113,3 +113,17 @@ def test_compare_cli(tmp_path: Path, results: dict) -> None:
 
 def test_setting_differences_silent_for_identical(results: dict) -> None:
     assert setting_differences([results, copy.deepcopy(results)]) == []
+
+
+@pytest.mark.skipif(
+    __import__("torchtame.report.browser", fromlist=["x"]).find_chromium() is None,
+    reason="needs Chromium (Debian: apt-get install chromium)",
+)
+def test_html_renders_with_its_images_in_chromium(tmp_path: Path, results: dict) -> None:
+    from torchtame.report.browser import render
+
+    write_reports(tmp_path, results, ["html"])
+    shot = tmp_path / "shot.png"
+    rendered, total = render(tmp_path / "report.html", shot)
+    assert total == 3 and rendered == 3
+    assert shot.is_file() and shot.stat().st_size > 10_000
