@@ -181,6 +181,12 @@ def run_cmd(
     failed = [v["name"] for v in result.results["variants"] if v["status"] != "ok"]
     if failed:
         err.print(f"[yellow]{len(failed)} variant(s) failed:[/] {', '.join(failed)} (see report.md)")
+    sel = result.results.get("selection")
+    if sel:
+        if sel["chosen"]:
+            out.print(f"[green]chosen:[/] {sel['chosen']} (fastest variant meeting every constraint)")
+        else:
+            out.print(f"[yellow]no variant meets every constraint;[/] best found: {sel['best_found']}")
     out.print(f"run directory: {result.run_dir}", highlight=False)
     if strict and failed:
         sys.exit(1)

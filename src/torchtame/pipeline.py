@@ -247,6 +247,11 @@ class Pipeline:
             raise RunError(f"the baseline could not be measured: {self.baseline_entry['error']}")
         for i, step in enumerate(self.recipe.steps):
             self._run_step(step.name, step.pass_, step.from_, step.options, i)
+        if self.recipe.strategy == "search":
+            from .search import run_search
+
+            self.results["search"] = run_search(self)
+            self.save()
         ex = self.recipe.export
         if ex.onnx:
             from .passes.export import OnnxOptions
@@ -261,6 +266,24 @@ class Pipeline:
             for n in names:
                 if f"{n}-onnx" not in self.variants and n in self.variants:
                     self._run_step(f"{n}-onnx", "export.onnx", n, options, len(self.variants))
+
+    def select(self) -> None:
+        """Record which variant meets the recipe's constraints (when it has any)."""
+        c = self.recipe.constraints
+        if c.empty:
+            return
+        from .selection import select
+
+        device = c.device or self.devices[0]
+        if device == "cuda":
+            device = "cuda:0"
+        batch = c.batch_size or self.recipe.evaluate.latency.batch_sizes[0]
+        sel = select(self.results, c, device, batch)
+        self.results["selection"] = sel
+        if sel["chosen"]:
+            log.info("chosen: %s, the fastest variant that meets every constraint", sel["chosen"])
+        else:
+            log.warning("no variant meets every constraint; the best found is %s", sel["best_found"])
 
     def _run_step(self, name: str, pass_name: str, parent_name: str, options: Any, index: int) -> None:
         t0 = time.perf_counter()
@@ -528,6 +551,7 @@ class Pipeline:
         try:
             model, _ = self.load()
             self.build_variants(model)
+            self.select()
         except KeyboardInterrupt:
             self.finish("interrupted", "interrupted by the user (Ctrl-C)")
             raise

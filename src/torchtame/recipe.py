@@ -136,6 +136,43 @@ class ReportConfig(Strict):
     table: bool = True
 
 
+class Constraints(Strict):
+    """What a deployable variant must meet; the run picks the fastest variant that meets all."""
+
+    max_accuracy_drop: float | None = Field(
+        None, ge=0, description="Top-1 points below the baseline (agreement points without labels)."
+    )
+    max_latency_ms: float | None = Field(None, gt=0, description="p50 at `device` and `batch_size`.")
+    max_size_mb: float | None = Field(None, gt=0, description="Artefact size in MiB.")
+    device: str | None = Field(None, description="Device of the latency constraint (default: the first).")
+    batch_size: int | None = Field(
+        None, ge=1, description="Batch of the latency constraint (default: first)."
+    )
+
+    @property
+    def empty(self) -> bool:
+        return self.max_accuracy_drop is None and self.max_latency_ms is None and self.max_size_mb is None
+
+
+class SearchConfig(Strict):
+    """`strategy: search`: sensitivity analysis, then candidates, then the fastest that fits."""
+
+    sensitivity: bool = Field(True, description="Per-layer quantization and pruning sensitivity.")
+    sensitivity_prune_ratio: float = Field(0.5, gt=0, lt=1)
+    quantize: bool = Field(True, description="Static int8 candidates, keeping sensitive layers float.")
+    quantize_options: dict[str, Any] = Field(default_factory=dict, description="quantize.static options.")
+    max_float_layers: int = Field(3, ge=0, description="Keep at most this many layers in float.")
+    prune: bool = Field(True, description="Pruning candidates.")
+    prune_search: Literal["grid", "bisect"] = "grid"
+    prune_ratios: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75])
+    bisect_steps: int = Field(4, ge=1, le=10)
+    prune_options: dict[str, Any] = Field(default_factory=dict, description="prune.structured options.")
+    finetune: dict[str, Any] | None = Field(
+        None, description="finetune options applied to every pruning candidate (e.g. {epochs: 2})."
+    )
+    combine: bool = Field(True, description="Also quantize the best pruning candidate.")
+
+
 class Recipe(Strict):
     """A whole recipe. ``model``, ``data`` and ``steps`` are typed by the registries."""
 
@@ -150,6 +187,11 @@ class Recipe(Strict):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
+    strategy: Literal["steps", "search"] = Field(
+        "steps", description="steps: run the listed steps; search: also search for candidates."
+    )
+    constraints: Constraints = Field(default_factory=Constraints)
+    search: SearchConfig = Field(default_factory=SearchConfig)
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -175,6 +217,19 @@ class Recipe(Strict):
                     f"steps[{i}].from: {step.from_!r} is not an earlier variant; allowed: {', '.join(known)}"
                 )
             known.append(step.name)
+        if self.strategy == "search" and self.constraints.empty:
+            raise ValueError(
+                "constraints: `strategy: search` needs at least one of max_accuracy_drop, "
+                "max_latency_ms, max_size_mb"
+            )
+        c = self.constraints
+        if c.batch_size is not None and c.batch_size not in self.evaluate.latency.batch_sizes:
+            raise ValueError(
+                f"constraints.batch_size: {c.batch_size} is not measured; allowed: "
+                f"{', '.join(map(str, self.evaluate.latency.batch_sizes))} (evaluate.latency.batch_sizes)"
+            )
+        if c.device is not None and c.device not in self.devices and not DEVICE_PATTERN.match(c.device):
+            raise ValueError(f"constraints.device: {c.device!r} is not a device; allowed: cpu, cuda, cuda:N")
         for name in self.export.variants or []:
             if name not in known:
                 raise ValueError(f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}")

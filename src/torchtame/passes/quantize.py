@@ -156,12 +156,15 @@ def build_qconfig(opts: StaticOptions, backend: str) -> Any:
     return QConfig(activation=activation, weight=weight)
 
 
-def calibrate(model: nn.Module, ctx: PassContext, batches: int | None, description: str) -> int:
-    """Run calibration batches through an observed model; returns how many were used."""
-    loader = ctx.data.calibration
+def calibrate_loader(
+    model: nn.Module, loader: Any, batches: int | None, progress: Any = None, description: str = "calibrate"
+) -> int:
+    """Run up to ``batches`` calibration batches through an observed model; returns how many."""
+    from ..progress import NullProgress
+
     total = len(loader) if batches is None else min(batches, len(loader))
     used = 0
-    with torch.inference_mode(), ctx.progress.task(description, total=total) as task:
+    with torch.inference_mode(), (progress or NullProgress()).task(description, total=total) as task:
         for x, *_ in loader:
             if used >= total:
                 break
@@ -169,6 +172,11 @@ def calibrate(model: nn.Module, ctx: PassContext, batches: int | None, descripti
             used += 1
             task.advance(1)
     return used
+
+
+def calibrate(model: nn.Module, ctx: PassContext, batches: int | None, description: str) -> int:
+    """Calibrate on the context's calibration split, with a progress bar."""
+    return calibrate_loader(model, ctx.data.calibration, batches, ctx.progress, description)
 
 
 class _ProbeTracer(torch.fx.Tracer):
@@ -330,6 +338,7 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
             "calibration_batches": batches,
             "observer": opts.activation_observer,
             "weight_granularity": opts.weight_granularity,
+            "kept_float": [*opts.keep_float, *opts.keep_float_types],
         },
     )
 

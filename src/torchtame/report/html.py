@@ -7,7 +7,15 @@ import html
 import io
 from typing import Any
 
-from .markdown import intro, latency_note, sections, variant_table_cells
+from .markdown import (
+    intro,
+    latency_note,
+    sections,
+    selection_lines,
+    sensitivity_note,
+    sensitivity_table,
+    variant_table_cells,
+)
 from .rows import Row, latency_keys, pareto_front, rows_from_results
 
 
@@ -86,6 +94,21 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
         ax.legend(fontsize=8)
         ax.grid(axis="x", alpha=0.3)
         out["Speed-up per device"] = _png(fig)
+    _, body = sensitivity_table(results)
+    if body:
+        fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(body) + 1.4))
+        names = [r[1] for r in body]
+        ys = range(len(names))
+        q = [float(r[3]) if r[3] not in ("-", "n/a") else 0.0 for r in body]
+        p = [float(r[4]) if r[4] not in ("-", "n/a") else 0.0 for r in body]
+        ax.barh([y - 0.2 for y in ys], q, height=0.4, label="int8 (this layer only)")
+        ax.barh([y + 0.2 for y in ys], p, height=0.4, label="pruned (this layer only)")
+        ax.set_yticks(list(ys), names)
+        ax.invert_yaxis()
+        ax.set_xlabel("accuracy drop (points)")
+        ax.legend(fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        out["Per-layer sensitivity"] = _png(fig)
     return out
 
 
@@ -123,6 +146,19 @@ def render_html(results: dict[str, Any], recipe_yaml: str | None = None) -> str:
         f"<p>{esc(latency_note(results))}</p>",
         f"<div class='plots'>{figs}</div>",
     ]
+    sel = selection_lines(results)
+    if sel:
+        parts.append(f"<h2>Selection</h2><p>{esc(sel[0])}</p><ul>")
+        parts += [f"<li>{esc(item)}</li>" for item in sel[1:]]
+        parts.append("</ul>")
+    shead, sbody = sensitivity_table(results)
+    if sbody:
+        note = sensitivity_note((results.get("search") or {}).get("sensitivity", {}))
+        parts.append(f"<h2>Sensitivity</h2><p>{esc(note)}</p><table><thead><tr>")
+        parts.append("".join(f"<th>{esc(h)}</th>" for h in shead))
+        parts.append("</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in sbody]
+        parts.append("</tbody></table>")
     for title, items in sections(results):
         parts.append(f"<h2>{esc(title)}</h2><ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>")
     if recipe_yaml:

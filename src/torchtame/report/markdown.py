@@ -92,6 +92,70 @@ def sections(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
     return out
 
 
+def selection_lines(results: dict[str, Any]) -> list[str]:
+    """The constraints, the chosen variant (or the best found) and each candidate's verdict."""
+    sel = results.get("selection")
+    if not sel:
+        return []
+    c = ", ".join(f"{k} {v}" for k, v in sel["constraints"].items())
+    setting = sel["latency_setting"]
+    head = f"Constraints: {c} (latency on {setting['device']}, batch {setting['batch_size']})."
+    if sel["chosen"]:
+        head += f" Chosen: `{sel['chosen']}`, the fastest variant that meets every constraint."
+    else:
+        head += f" No variant meets every constraint; the best found is `{sel['best_found']}`."
+    items = [head]
+    for v in sel["candidates"]:
+        figures = [
+            f"p50 {v['p50_ms']:.3f} ms" if v["p50_ms"] is not None else "",
+            f"drop {v['accuracy_drop']:.2f}" if v["accuracy_drop"] is not None else "",
+            f"{v['size_mib']:.3f} MiB" if v["size_mib"] is not None else "",
+        ]
+        shown = ", ".join(f for f in figures if f)
+        mark = f"meets ({shown})" if v["meets"] else "rejected: " + "; ".join(v["reasons"])
+        items.append(f"`{v['name']}`: {mark}")
+    return items
+
+
+def sensitivity_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Layers ranked by the drop that quantizing / pruning each alone causes."""
+    sens = (results.get("search") or {}).get("sensitivity") or {}
+    q = {s["layer"]: s for s in sens.get("quantize", [])}
+    p = {s["layer"]: s for s in sens.get("prune", [])}
+    layers = list(dict.fromkeys([*q, *p]))
+    if not layers:
+        return [], []
+
+    def cell(entry: dict[str, Any] | None) -> str:
+        if entry is None:
+            return "-"
+        return fmt_num(entry["drop"], 2) if entry.get("drop") is not None else "n/a"
+
+    def key(layer: str) -> float:
+        return -max(((q.get(layer) or {}).get("drop") or 0.0), ((p.get(layer) or {}).get("drop") or 0.0))
+
+    head = ["rank", "layer", "type", "int8 drop (pts)", "prune drop (pts)"]
+    body = [
+        [
+            str(i + 1),
+            layer,
+            (q.get(layer) or p.get(layer) or {}).get("type", ""),
+            cell(q.get(layer)),
+            cell(p.get(layer)),
+        ]
+        for i, layer in enumerate(sorted(layers, key=key))
+    ]
+    return head, body
+
+
+def sensitivity_note(sens: dict[str, Any]) -> str:
+    ratio = sens.get("prune_ratio", 0.5)
+    return (
+        f"Drop in {sens.get('basis', 'top-1')} points when only that layer is quantized to int8, or "
+        f"only that layer loses {ratio:.0%} of its channels (no fine-tuning); most sensitive first."
+    )
+
+
 def intro(results: dict[str, Any]) -> list[str]:
     lines = [
         f"Status: **{results.get('status')}**. Started {results.get('started')}, "
@@ -120,6 +184,16 @@ def render_markdown(results: dict[str, Any]) -> str:
         cells = [f"`{cells[0]}`", *cells[1:]]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     out += ["", latency_note(results), ""]
+    sel = selection_lines(results)
+    if sel:
+        out += ["## Selection", "", sel[0], "", *[f"- {item}" for item in sel[1:]], ""]
+    shead, sbody = sensitivity_table(results)
+    if sbody:
+        sens = (results.get("search") or {}).get("sensitivity", {})
+        out += ["## Sensitivity", "", sensitivity_note(sens), ""]
+        out += ["| " + " | ".join(shead) + " |", "|" + "---|" * len(shead)]
+        out += ["| " + " | ".join(row) + " |" for row in sbody]
+        out.append("")
     for title, items in sections(results):
         out += [f"## {title}", "", *[f"- {item}" for item in items], ""]
     return "\n".join(out)

@@ -1,0 +1,125 @@
+"""Per-layer sensitivity: quantize (or prune) one layer at a time and measure the accuracy drop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._warnings import caught
+from .data import DataBundle
+from .evaluate.accuracy import predict
+from .passes.quantize import StaticOptions, build_qconfig, calibrate_loader, check_backend, engine
+from .progress import NullProgress, Progress
+
+WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+def score(
+    module: nn.Module, data: DataBundle, reference: torch.Tensor | None, backend: str | None = None
+) -> float:
+    """Top-1 accuracy in percent on the evaluation split, or (without labels) top-1 agreement
+    with ``reference`` outputs in percent."""
+    with engine(backend), torch.inference_mode():
+        logits, labels = predict(module, lambda x: x, data.evaluation)
+    if data.has_labels:
+        return 100.0 * (logits.argmax(1) == labels).float().mean().item()
+    assert reference is not None
+    return 100.0 * (logits.argmax(1) == reference.argmax(1)).float().mean().item()
+
+
+def weight_layers(model: nn.Module) -> list[tuple[str, str]]:
+    """(name, type) of every Conv/Linear layer, in execution-definition order."""
+    return [(n, type(m).__name__) for n, m in model.named_modules() if isinstance(m, WEIGHT_LAYERS)]
+
+
+def quantize_one(
+    model: nn.Module, layer: str, data: DataBundle, opts: StaticOptions, backend: str
+) -> nn.Module:
+    """``model`` with only ``layer`` statically quantized (FX), everything else float."""
+    from torch.ao.quantization import QConfigMapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    mapping = QConfigMapping().set_module_name(layer, build_qconfig(opts, backend))
+    prepared = prepare_fx(model.eval(), mapping, (data.example_input(1),))
+    calibrate_loader(prepared, data.calibration, opts.calibration_batches)
+    return convert_fx(prepared)
+
+
+def quantization_sensitivity(
+    model: nn.Module,
+    data: DataBundle,
+    baseline_score: float,
+    reference: torch.Tensor | None,
+    opts: StaticOptions | None = None,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """The drop (points) from quantizing each Conv/Linear layer alone, most sensitive first."""
+    import copy
+
+    opts = opts or StaticOptions()
+    backend = check_backend(opts.backend)
+    progress = progress or NullProgress()
+    layers = weight_layers(model)
+    out = []
+    with (
+        caught("sensitivity"),
+        engine(backend),
+        progress.task("sensitivity: int8 per layer", len(layers)) as t,
+    ):
+        for name, kind in layers:
+            try:
+                q = quantize_one(copy.deepcopy(model), name, data, opts, backend)
+                drop = baseline_score - score(q, data, reference, backend)
+                out.append({"layer": name, "type": kind, "drop": round(drop, 3)})
+            except Exception as exc:  # an untraceable model gives no quantization sensitivity
+                out.append(
+                    {"layer": name, "type": kind, "drop": None, "error": str(exc).splitlines()[0][:160]}
+                )
+            t.advance(1)
+    return sorted(out, key=lambda s: -(s["drop"] if s["drop"] is not None else float("-inf")))
+
+
+def pruning_sensitivity(
+    model: nn.Module,
+    data: DataBundle,
+    baseline_score: float,
+    reference: torch.Tensor | None,
+    ratio: float = 0.5,
+    importance: str = "l2",
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """The drop (points) from pruning ``ratio`` of each layer's channels alone (no fine-tuning)."""
+    import copy
+
+    import torch_pruning as tp
+
+    from .passes.prune import default_head, make_importance
+
+    progress = progress or NullProgress()
+    example = data.example_input(1)
+    head = set(default_head(model, example))
+    layers = [(n, k) for n, k in weight_layers(model) if n not in head]
+    out = []
+    with caught("sensitivity"), progress.task("sensitivity: pruning per layer", len(layers)) as t:
+        for name, kind in layers:
+            m = copy.deepcopy(model).eval()
+            try:
+                pruner = tp.pruner.MetaPruner(
+                    m,
+                    example,
+                    importance=make_importance(importance),
+                    pruning_ratio=0.0,
+                    pruning_ratio_dict={m.get_submodule(name): ratio},
+                    ignored_layers=[m.get_submodule(h) for h in head],
+                )
+                pruner.step()
+                drop = baseline_score - score(m, data, reference)
+                out.append({"layer": name, "type": kind, "drop": round(drop, 3)})
+            except Exception as exc:  # a layer torch-pruning cannot handle alone
+                out.append(
+                    {"layer": name, "type": kind, "drop": None, "error": str(exc).splitlines()[0][:160]}
+                )
+            t.advance(1)
+    return sorted(out, key=lambda s: -(s["drop"] if s["drop"] is not None else float("-inf")))
