@@ -171,7 +171,7 @@ def test_search_needs_constraints() -> None:
                 "strategy": "search",
             }
         )
-    with pytest.raises(RecipeError, match="constraints.batch_size"):
+    with pytest.raises(RecipeError, match=r"constraints\.batch_size"):
         load_recipe(
             {
                 "name": "x",
