@@ -202,3 +202,37 @@ def test_static_refuses_non_float_parent(trained_mlp, digits) -> None:
     v = apply_pass("quantize.dynamic", trained_mlp, digits)
     with pytest.raises(PassError, match="float32"):
         apply_pass("quantize.static", v, digits)
+
+
+def transformer_classifier() -> nn.Module:
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(8, 32)
+            layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(32, 10)
+
+        def forward(self, x):
+            return self.head(self.encoder(self.embed(x.reshape(x.shape[0], 8, 8))).mean(1))
+
+    return Encoder()
+
+
+def test_dynamic_int8_transformer_runs_in_the_pipeline(tmp_path: Path) -> None:
+    """torch's fused Transformer fast path rejects quantized Linears; the runner avoids it."""
+    from torchtame import run
+
+    from .conftest import tiny_recipe
+
+    recipe = tiny_recipe(
+        tmp_path,
+        model={"source": "python", "target": "tests.test_quantize:transformer_classifier",
+               "train": {"epochs": 2, "lr": 0.003}},
+        steps=[{"name": "int8", "pass": "quantize.dynamic"}],
+    )
+    result = run(recipe)
+    v = result.variant("int8")
+    assert v["status"] == "ok", v.get("error")
+    assert v["accuracy"]["top1_agreement"] >= 90
+    assert v["artifact"][0].endswith("model.ts")

@@ -7,6 +7,10 @@ modules do not survive pickling. ONNX variants are their ``.onnx`` file.
 
 from __future__ import annotations
 
+import logging
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -16,21 +20,52 @@ from ._warnings import caught
 from .passes.quantize import engine
 from .variant import Variant
 
+log = logging.getLogger("torchtame")
+
+
+@contextmanager
+def no_mha_fastpath() -> Iterator[None]:
+    """Run Transformer layers on their plain path (the fast path rejects quantized Linears)."""
+    saved = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(saved)
+
+
+def _trace(variant: Variant, example: torch.Tensor, path: Path) -> Path:
+    with engine(variant.backend), torch.inference_mode(), no_mha_fastpath():
+        traced = torch.jit.trace(variant.module, example.to(variant.input_dtype), check_trace=False)
+    torch.jit.save(traced, str(path))
+    return path
+
 
 def save_module(variant: Variant, directory: Path, example: torch.Tensor) -> Path:
-    """Write the variant's module into ``directory``; returns the file written."""
+    """Write the variant's module into ``directory``; returns the file written.
+
+    A module that cannot be pickled (a class defined inside a function, a lambda attribute) is
+    saved as TorchScript instead, and one that cannot be traced either as its state dict.
+    """
     assert variant.module is not None
     directory.mkdir(parents=True, exist_ok=True)
     with caught("save"):
         if variant.quantized:
-            path = directory / "model.ts"
-            with engine(variant.backend), torch.inference_mode():
-                traced = torch.jit.trace(variant.module, example.to(variant.input_dtype), check_trace=False)
-            torch.jit.save(traced, str(path))
-        else:
-            path = directory / "model.pt"
+            return _trace(variant, example, directory / "model.ts")
+        path = directory / "model.pt"
+        try:
             torch.save(variant.module, path)
-    return path
+            return path
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            path.unlink(missing_ok=True)
+            log.info("%s cannot be pickled (%s); saving TorchScript instead", variant.name, exc)
+        try:
+            return _trace(variant, example, directory / "model.ts")
+        except Exception as exc:
+            log.info("%s cannot be traced either (%s); saving its state dict", variant.name, exc)
+        path = directory / "weights.pt"
+        torch.save(variant.module.state_dict(), path)
+        return path
 
 
 def load_module(path: str | Path) -> nn.Module:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
+from ..artifacts import no_mha_fastpath
 from ..errors import PassError
 from ..onnx_runtime import cuda_provider_available, run_session, session
 from ..passes.quantize import engine
@@ -52,7 +54,10 @@ def make_runner(
     try:
         if threads is not None:
             torch.set_num_threads(threads)
-        with engine(variant.backend):
+        # the fused Transformer fast path reads Linear weights as tensors and crashes on
+        # dynamically quantized ones (whose weight is a method); their plain path runs them
+        slow = no_mha_fastpath() if variant.quantized else contextlib.nullcontext()
+        with engine(variant.backend), slow:
             yield run, prepare
     finally:
         torch.set_num_threads(saved_threads)
