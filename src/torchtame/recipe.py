@@ -233,7 +233,32 @@ class Recipe(Strict):
         for name in self.export.variants or []:
             if name not in known:
                 raise ValueError(f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}")
+        self._check_nested_options()
         return self
+
+    def _check_nested_options(self) -> None:
+        """Options handed to passes later (export twins, search candidates) are checked now."""
+        from .passes.export import OnnxOptions
+        from .passes.finetune import FinetuneOptions
+        from .passes.prune import PruneOptions
+        from .passes.quantize import StaticOptions
+
+        checks = [
+            ("export.options", OnnxOptions, self.export.options),
+            ("search.quantize_options", StaticOptions, self.search.quantize_options),
+            ("search.prune_options", PruneOptions, self.search.prune_options),
+            ("search.finetune", FinetuneOptions, self.search.finetune),
+        ]
+        for where, cls, value in checks:
+            if value is None:
+                continue
+            try:
+                cls.model_validate(value)
+            except ValidationError as exc:
+                err = exc.errors(include_url=False)[0]
+                loc = ".".join(str(p) for p in err["loc"])
+                msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+                raise ValueError(f"{where}{'.' + loc if loc else ''}: {msg}") from None
 
     def to_yaml(self) -> str:
         """The recipe as resolved (defaults filled in), in YAML."""
