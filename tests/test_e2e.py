@@ -125,3 +125,36 @@ def test_synthetic_data_reports_accuracy_as_not_measured(tmp_path: Path) -> None
 def test_cli_help_and_version(args: list[str]) -> None:
     proc = run_cli(*args)
     assert proc.returncode == 0 and proc.stdout.strip()
+
+
+def test_progress_display_renders_on_a_terminal(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from torchtame.cli import rich_progress
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    steps = [{"name": "int8", "pass": "quantize.static"}]
+    with rich_progress(console) as progress:
+        result = run(tiny_recipe(tmp_path, steps=steps), progress=progress)
+    assert result.status == "complete"
+    text = buf.getvalue()
+    assert "train model" in text or "latency" in text
+
+
+def margin_metric(logits, labels, baseline_logits):
+    """A user metric: mean top-1 softmax probability (confidence)."""
+    return {"confidence": round(logits.softmax(1).max(1).values.mean().item() * 100, 3)}
+
+
+def test_python_metric_callable(tmp_path: Path) -> None:
+    recipe = tiny_recipe(
+        tmp_path,
+        evaluate={"metrics": ["top1", "tests.test_e2e:margin_metric"], "latency": {"enabled": False}},
+    )
+    result = run(recipe)
+    acc = result.variant("baseline")["accuracy"]
+    assert 10 < acc["confidence"] <= 100 and "top1" in acc
+    assert result.variant("baseline")["latency"] == []

@@ -227,8 +227,11 @@ def test_dynamic_int8_transformer_runs_in_the_pipeline(tmp_path: Path) -> None:
 
     recipe = tiny_recipe(
         tmp_path,
-        model={"source": "python", "target": "tests.test_quantize:transformer_classifier",
-               "train": {"epochs": 2, "lr": 0.003}},
+        model={
+            "source": "python",
+            "target": "tests.test_quantize:transformer_classifier",
+            "train": {"epochs": 2, "lr": 0.003},
+        },
         steps=[{"name": "int8", "pass": "quantize.dynamic"}],
     )
     result = run(recipe)

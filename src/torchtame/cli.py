@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from . import __version__
 from .errors import TorchtameError
@@ -34,20 +34,23 @@ def default_recipe() -> Path:
 
 
 class RichProgress:
-    """Progress bars for passes and a status line for the pipeline's stages."""
+    """A status line for the pipeline's stage and a bar (done/total, live fields) per task."""
 
     def __init__(self, progress: Any) -> None:
         self.p = progress
-        self.main = progress.add_task("starting", total=None)
+        self.main = progress.add_task("starting", total=None, info="", count="")
 
     @contextmanager
     def task(self, description: str, total: int | None = None) -> Iterator[Any]:
-        tid = self.p.add_task(f"  {description}", total=total, info="")
+        tid = self.p.add_task(f"  {description}", total=total, info="", count=f"0/{total or '?'}")
+        done = 0
 
         class _T:
             def advance(_self, n: int = 1, **fields: Any) -> None:
+                nonlocal done
+                done += n
                 info = " ".join(f"{k} {v}" for k, v in fields.items())
-                self.p.update(tid, advance=n, info=info)
+                self.p.update(tid, advance=n, info=info, count=f"{done}/{total or '?'}")
 
         try:
             yield _T()
@@ -56,6 +59,23 @@ class RichProgress:
 
     def status(self, message: str) -> None:
         self.p.update(self.main, description=message)
+
+
+@contextmanager
+def rich_progress(console: Console) -> Iterator[RichProgress]:
+    """A live display: the pipeline's stage on top, a bar per running task (calibration, ...)."""
+    from rich.progress import Progress
+
+    columns = [
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[count]}"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    ]
+    with Progress(*columns, console=console, transient=True) as p:
+        yield RichProgress(p)
 
 
 class DefaultGroup(click.Group):
@@ -146,8 +166,6 @@ def run_cmd(
     artefact and report.md / report.html. Exit codes: 0 done, 1 run failure, 2 bad recipe or
     device, 130 interrupted.
     """
-    from rich.progress import Progress
-
     from .pipeline import run
     from .report.table import comparison_table
 
@@ -157,19 +175,13 @@ def run_cmd(
         if quiet or not err.is_terminal:
             result = run(path, output_dir=output_dir, devices=list(devices) or None, resume=resume)
         else:
-            columns = [
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[info]}"),
-            ]
-            with Progress(*columns, console=err, transient=True) as p:
-                p_obj = RichProgress(p)
-                p.update(p_obj.main, info="")
+            with rich_progress(err) as progress:
                 result = run(
-                    path, output_dir=output_dir, devices=list(devices) or None, progress=p_obj, resume=resume
+                    path,
+                    output_dir=output_dir,
+                    devices=list(devices) or None,
+                    progress=progress,
+                    resume=resume,
                 )
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished variants are kept in the run directory")
