@@ -26,6 +26,7 @@ def digits() -> DataBundle:
 
 @pytest.fixture(scope="session")
 def _trained_cnn(digits: DataBundle) -> torch.nn.Module:
+    torch.manual_seed(0)  # the same model whatever ran before: tests compare numbers on it
     model = digits_cnn(width=16, hidden=128)
     train(model, digits.train, epochs=8, lr=3e-3, seed=0)
     return model
@@ -39,6 +40,7 @@ def trained_cnn(_trained_cnn: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.fixture(scope="session")
 def _trained_mlp(digits: DataBundle) -> torch.nn.Module:
+    torch.manual_seed(0)
     model = digits_mlp(hidden=256)
     train(model, digits.train, epochs=6, lr=3e-3, seed=0)
     return model

@@ -67,6 +67,10 @@ def test_report_command_rebuilds(tmp_path: Path) -> None:
     proc = run_cli("report", str(run_dir))
     assert proc.returncode == 0, proc.stderr
     assert (run_dir / "report.md").is_file() and (run_dir / "report.html").is_file()
+    (run_dir / "recipe.yaml").write_text("name: tiny\n")
+    assert run_cli("report", str(run_dir)).returncode == 0
+    assert "## Recipe (as resolved)" in (run_dir / "report.md").read_text()
+    assert "<h2>Recipe</h2>" in (run_dir / "report.html").read_text()
 
 
 def test_write_reports_formats(tmp_path: Path, results: dict) -> None:

@@ -1,4 +1,4 @@
-"""Selecting submodules by name or regex, shared by the passes."""
+"""Helpers shared by the passes: selecting submodules by name or regex, checking the parent."""
 
 from __future__ import annotations
 
@@ -7,6 +7,15 @@ import re
 from torch import nn
 
 from ..errors import PassError
+from ..variant import PassContext
+
+
+def require_float(ctx: PassContext, pass_name: str, hint: str) -> None:
+    """Refuse a parent that is quantized or an ONNX file: this pass needs a float torch module."""
+    if not ctx.parent.is_float:
+        raise PassError(
+            f"{pass_name} needs a float torch variant; {ctx.parent.name!r} is {ctx.parent.dtype}", hint=hint
+        )
 
 
 def match_modules(model: nn.Module, patterns: list[str], field: str = "pattern") -> list[str]:

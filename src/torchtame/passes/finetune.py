@@ -7,11 +7,11 @@ from typing import Literal
 from pydantic import Field, model_validator
 from torch import nn
 
-from ..errors import PassError
 from ..recipe import Strict
 from ..training import train
 from ..variant import PassContext, Variant
 from . import register_pass
+from ._select import require_float
 
 
 class FinetuneOptions(Strict):
@@ -32,11 +32,7 @@ class FinetuneOptions(Strict):
 def finetune(model: nn.Module | None, ctx: PassContext, opts: FinetuneOptions) -> Variant:
     """Fine-tune a float variant with cross-entropy on the train split."""
     assert model is not None
-    if not ctx.parent.is_float:
-        raise PassError(
-            f"finetune needs a float torch variant; {ctx.parent.name!r} is {ctx.parent.dtype}",
-            hint="fine-tune before quantizing",
-        )
+    require_float(ctx, "finetune", "fine-tune before quantizing")
     stats = train(
         model.float(),
         ctx.data.train,

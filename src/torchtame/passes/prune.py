@@ -19,7 +19,7 @@ from ..recipe import Strict
 from ..training import train
 from ..variant import PassContext, Variant
 from . import register_pass
-from ._select import match_modules
+from ._select import match_modules, require_float
 
 Criterion = Literal["l1", "l2", "magnitude", "bn_scale", "taylor", "lamp", "fpgm", "random"]
 
@@ -151,11 +151,7 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
     import torch_pruning as tp
 
     assert model is not None
-    if not ctx.parent.is_float:
-        raise PassError(
-            f"prune.structured needs a float torch variant; {ctx.parent.name!r} is {ctx.parent.dtype}",
-            hint="prune first, then quantize (`from:` the pruned variant)",
-        )
+    require_float(ctx, "prune.structured", "prune first, then quantize (`from:` the pruned variant)")
     model = model.float().eval()
     example = ctx.example_input
     names = (

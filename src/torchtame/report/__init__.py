@@ -13,19 +13,19 @@ from .rows import Row, pareto_front, rows_from_results
 def write_reports(run_dir: Path, results: dict[str, Any], formats: list[str]) -> list[Path]:
     """Write ``report.md`` / ``report.html`` beside ``results.json`` (which is always written)."""
     written = []
+    recipe = run_dir / "recipe.yaml"
+    recipe_yaml = recipe.read_text(encoding="utf-8") if recipe.is_file() else None
     if "md" in formats:
         from .markdown import render_markdown
 
         path = run_dir / "report.md"
-        path.write_text(render_markdown(results), encoding="utf-8")
+        path.write_text(render_markdown(results, recipe_yaml), encoding="utf-8")
         written.append(path)
     if "html" in formats:
         from .html import render_html
 
         path = run_dir / "report.html"
-        recipe = run_dir / "recipe.yaml"
-        text = recipe.read_text(encoding="utf-8") if recipe.is_file() else None
-        path.write_text(render_html(results, text), encoding="utf-8")
+        path.write_text(render_html(results, recipe_yaml), encoding="utf-8")
         written.append(path)
     return written
 

@@ -174,7 +174,7 @@ def intro(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(results: dict[str, Any]) -> str:
+def render_markdown(results: dict[str, Any], recipe_yaml: str | None = None) -> str:
     head, body = variant_table_cells(results)
     out = [f"# torchtame report: {results.get('recipe')}", ""]
     for line in intro(results):
@@ -196,4 +196,6 @@ def render_markdown(results: dict[str, Any]) -> str:
         out.append("")
     for title, items in sections(results):
         out += [f"## {title}", "", *[f"- {item}" for item in items], ""]
+    if recipe_yaml:
+        out += ["## Recipe (as resolved)", "", "```yaml", recipe_yaml.rstrip(), "```", ""]
     return "\n".join(out)
