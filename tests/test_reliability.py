@@ -488,3 +488,14 @@ def test_same_recipe_and_seed_give_the_same_accuracy(tmp_path: Path) -> None:
     first, second = figures("a"), figures("b")
     assert first == second
     assert first["pruned-ft"]["top1"] != first["pruned"]["top1"]
+
+
+def test_resume_rebuilds_a_step_whose_options_changed(tmp_path: Path) -> None:
+    steps = [{"name": "pruned", "pass": "prune.structured", "options": {"ratio": 0.25}}]
+    first = run(tiny_recipe(tmp_path, steps=steps))
+    steps[0]["options"]["ratio"] = 0.5
+    again = run(tiny_recipe(tmp_path, steps=steps), resume=first.run_dir)
+    pruned = again.variant("pruned")
+    assert "resumed" not in pruned and pruned["options"]["ratio"] == 0.5
+    assert again.variant("baseline")["resumed"]
+    assert pruned["size"]["macs"] < first.variant("pruned")["size"]["macs"]

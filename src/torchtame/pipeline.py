@@ -289,12 +289,15 @@ class Pipeline:
         t0 = time.perf_counter()
         parent = self.variants.get(parent_name)
         variant = Variant(name=name, pass_name=pass_name, parent=parent_name)
+        options_json = options.model_dump(mode="json") if hasattr(options, "model_dump") else options
+        variant.options = options_json
         if parent is None:
             self._finish(variant, t0, f"skipped: its source variant {parent_name!r} failed")
             return
         variant.lineage = [*parent.lineage, name]
         before = self.previous.get(name)
-        if before is not None and (before.get("pass"), before.get("from")) == (pass_name, parent_name):
+        same = (pass_name, parent_name, options_json)
+        if before is not None and (before.get("pass"), before.get("from"), before.get("options")) == same:
             restored = self._load_previous(variant, before)
             if restored is not None:
                 self.variants[name] = restored
@@ -336,6 +339,7 @@ class Pipeline:
             self._finish(variant, t0, f"{type(exc).__name__}: {str(exc).strip()[:500]}", warns)
             return
         made.name, made.pass_name, made.parent, made.lineage = name, pass_name, parent_name, variant.lineage
+        made.options = options_json
         self.variants[name] = made
         self._finish(made, t0, None, warns)
 
@@ -399,6 +403,7 @@ class Pipeline:
             "pass": v.pass_name,
             "from": v.parent,
             "lineage": v.lineage,
+            "options": v.options,
         }
         if error is None:
             try:

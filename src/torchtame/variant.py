@@ -36,6 +36,7 @@ class Variant:
     quantized: bool = False
     backend: str | None = None  # torch quantized engine the variant's kernels need
     info: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] | None = None  # the pass options it was built with (JSON form)
 
     @property
     def kind(self) -> Literal["torch", "onnx"]:
