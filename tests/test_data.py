@@ -149,3 +149,57 @@ def test_nan_inputs_are_refused() -> None:
     )
     with pytest.raises(DataError, match="NaN"):
         load_data(spec, 0)
+
+
+def _write_idx(path: Path, array, magic: int) -> None:
+    import struct
+
+    import numpy as np
+
+    arr = np.asarray(array, dtype=np.uint8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack(">I", magic))
+        for dim in arr.shape:
+            fh.write(struct.pack(">I", dim))
+        fh.write(arr.tobytes())
+
+
+def _fake_mnist(root: Path, n_train: int = 60, n_test: int = 20) -> None:
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = (torch.rand(n, 28, 28, generator=g) * 255).to(torch.uint8).numpy()
+        labels = (torch.arange(n) % 10).numpy()
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", images, 2051)
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels, 2049)
+
+
+def test_torchvision_dataset_on_disk(tmp_path: Path) -> None:
+    from torchtame.data import TorchvisionData
+
+    _fake_mnist(tmp_path)
+    d = load_data(
+        TorchvisionData(
+            source="torchvision",
+            name="MNIST",
+            root=tmp_path,
+            calibration_samples=16,
+            image_size=14,
+            batch_size=8,
+        ),
+        0,
+    )
+    x, labels = next(iter(d.evaluation))
+    assert labels.max() <= 9
+    assert x.shape == (8, 1, 14, 14) and d.num_classes == 10 and d.has_labels
+    assert len(d.calibration.dataset) == 16 and len(d.train.dataset) == 44 and len(d.evaluation.dataset) == 20
+
+
+def test_torchvision_dataset_missing_or_unknown(tmp_path: Path) -> None:
+    from torchtame.data import TorchvisionData
+
+    with pytest.raises(DataError, match="never downloads"):
+        load_data(TorchvisionData(source="torchvision", name="MNIST", root=tmp_path), 0)
+    with pytest.raises(DataError, match="FashionMNIST"):
+        load_data(TorchvisionData(source="torchvision", name="FashonMNIST", root=tmp_path), 0)

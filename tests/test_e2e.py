@@ -49,8 +49,11 @@ def test_quickstart_prune_finetune_within_2_points_and_faster(quickstart_run) ->
 
 def test_quickstart_onnx_twins_are_verified(quickstart_run) -> None:
     _, run_dir = quickstart_run
-    by = {v["name"]: v for v in load_results(run_dir)["variants"]}
-    for name in ("baseline-onnx", "pruned-ft-onnx"):
+    variants = load_results(run_dir)["variants"]
+    by = {v["name"]: v for v in variants}
+    float32 = [v["name"] for v in variants if v.get("kind") == "torch" and v.get("dtype") == "float32"]
+    assert set(float32) == {"baseline", "pruned", "pruned-ft"}
+    for name in (f"{n}-onnx" for n in float32):
         assert by[name]["status"] == "ok", by[name].get("error")
         assert by[name]["info"]["parity"]["passed"] == 1.0
         assert by[name]["latency"][0]["runtime"] == "onnxruntime"

@@ -99,6 +99,16 @@ class SyntheticData(DataSourceOptions):
     distribution: Literal["normal", "uniform"] = "normal"
 
 
+class TorchvisionData(DataSourceOptions):
+    source: Literal["torchvision"]
+    name: str = Field(description="A torchvision.datasets class: MNIST, FashionMNIST, CIFAR10, SVHN, ...")
+    root: Path = Field(description="Where the dataset already lies (torchtame never downloads).")
+    calibration_samples: int = Field(512, ge=1, description="Taken from the train set, disjoint from train.")
+    image_size: int | None = Field(None, ge=1, description="Resize to this size (default: as stored).")
+    mean: list[float] | None = None
+    std: list[float] | None = None
+
+
 class PythonData(DataSourceOptions):
     source: Literal["python"]
     target: str = Field(
@@ -247,6 +257,66 @@ def _imagefolder(spec: ImageFolderData, seed: int) -> DataBundle:
         len(classes),
         (channels, spec.image_size, spec.image_size),
         f"imagefolder ({len(classes)} classes, {len(ev_ds)} evaluation images)",  # type: ignore[arg-type]
+    )
+
+
+@register_data_source("torchvision", TorchvisionData)
+def _torchvision(spec: TorchvisionData, seed: int) -> DataBundle:
+    """A torchvision dataset already on disk: its train set for training and calibration, its
+    test set for evaluation."""
+    import inspect
+
+    import torchvision
+    from torchvision import transforms
+
+    cls = getattr(torchvision.datasets, spec.name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Dataset)):
+        names = [n for n in dir(torchvision.datasets) if n[0].isupper()]
+        import difflib
+
+        close = difflib.get_close_matches(spec.name, names, n=3)
+        raise DataError(
+            f"data.name: torchvision has no dataset {spec.name!r}",
+            hint=f"did you mean {', '.join(close)}?" if close else "see torchvision.datasets",
+        )
+    steps: list[Any] = [transforms.Resize(spec.image_size)] if spec.image_size else []
+    steps.append(transforms.ToTensor())
+    if spec.mean is not None and spec.std is not None:
+        steps.append(transforms.Normalize(spec.mean, spec.std))
+    tf = transforms.Compose(steps)
+    params = inspect.signature(cls).parameters
+
+    def load(train: bool) -> Dataset:
+        kwargs: dict[str, Any] = {"transform": tf}
+        if "download" in params:
+            kwargs["download"] = False
+        if "train" in params:
+            kwargs["train"] = train
+        elif "split" in params:
+            kwargs["split"] = "train" if train else "test"
+        try:
+            return cls(str(spec.root), **kwargs)
+        except (RuntimeError, FileNotFoundError, OSError) as exc:
+            raise DataError(
+                f"data: {spec.name} not found under {str(spec.root)!r} ({str(exc).splitlines()[0][:120]})",
+                hint=f"torchtame never downloads: fetch it once with torchvision.datasets.{spec.name}"
+                "(root, download=True) on a machine with internet and copy the folder here",
+            ) from exc
+
+    train_full, evaluation = load(True), load(False)
+    n = len(train_full)  # type: ignore[arg-type]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_cal = min(spec.calibration_samples, max(1, n // 2))
+    calibration, train = Subset(train_full, perm[:n_cal]), Subset(train_full, perm[n_cal:])
+    x = evaluation[0][0]
+    classes = getattr(train_full, "classes", None)
+    loaders = _loaders(spec, seed, train, calibration, evaluation)
+    return DataBundle(
+        *loaders,
+        True,
+        len(classes) if classes else None,
+        tuple(x.shape),
+        f"torchvision {spec.name} ({len(train)}/{n_cal}/{len(evaluation)})",  # type: ignore[arg-type]
     )
 
 
