@@ -27,7 +27,7 @@ from . import __version__
 from ._warnings import caught
 from .artifacts import load_module, save_module
 from .data import DataBundle, load_data
-from .devices import DeviceChoice, detect_environment, resolve_devices
+from .devices import DeviceChoice, detect_environment, resolve_device, resolve_devices
 from .errors import ModelLoadError, RunError, TorchtameError
 from .evaluate import evaluate_accuracy, make_runner, measure_latency, predict
 from .evaluate.size import module_params, onnx_params, size_report
@@ -256,10 +256,7 @@ class Pipeline:
         if ex.onnx:
             from .passes.export import OnnxOptions
 
-            try:
-                options = OnnxOptions.model_validate(ex.options)
-            except Exception as exc:  # pydantic.ValidationError
-                raise RunError(f"export.options: {exc}") from exc
+            options = OnnxOptions.model_validate(ex.options)  # checked when the recipe loaded
             names = ex.variants or [
                 n for n, v in self.variants.items() if v.is_float and v.dtype == "float32"
             ]
@@ -274,9 +271,7 @@ class Pipeline:
             return
         from .selection import select
 
-        device = c.device or self.devices[0]
-        if device == "cuda":
-            device = "cuda:0"
+        device = (resolve_device(c.device).device or c.device) if c.device else self.devices[0]
         batch = c.batch_size or self.recipe.evaluate.latency.batch_sizes[0]
         sel = select(self.results, c, device, batch)
         self.results["selection"] = sel

@@ -516,17 +516,17 @@ def _pick(tp: Any, value: Any) -> Any:
             tp = typing.get_args(tp)[0]
         elif origin in (Union, types.UnionType):
             members = [a for a in typing.get_args(tp) if a is not type(None)]
-            chosen = members[0] if members else Any
-            for member in members:
-                if isinstance(member, type) and issubclass(member, BaseModel):
-                    for tag in ("source", "pass_"):
-                        f = member.model_fields.get(tag)
-                        if f is not None and isinstance(value, dict):
-                            key = f.alias or tag
-                            if typing.get_args(f.annotation) == (value.get(key),):
-                                chosen = member
-                    if chosen is members[0] and len(members) == 1:
-                        chosen = member
-            tp = chosen
+            tp = next((m for m in members if _tag_matches(m, value)), members[0] if members else Any)
         else:
             return tp
+
+
+def _tag_matches(member: Any, value: Any) -> bool:
+    """Whether ``value`` carries the discriminator (source / pass) of union member ``member``."""
+    if not (isinstance(member, type) and issubclass(member, BaseModel) and isinstance(value, dict)):
+        return False
+    for tag in ("source", "pass_"):
+        f = member.model_fields.get(tag)
+        if f is not None and typing.get_args(f.annotation) == (value.get(f.alias or tag),):
+            return True
+    return False
