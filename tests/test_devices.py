@@ -89,3 +89,15 @@ def test_cuda_run_measures_both_devices(tmp_path: Path) -> None:
     assert any("cpu only" in s["reason"] for s in by["int8"]["skipped_devices"])
     assert {m["device"] for m in by["fp16"]["latency"]} == {"cuda:0"}
     assert by["fp16"]["accuracy"]["top1"] > 80
+
+
+def test_onnx_variant_on_cuda_needs_the_cuda_provider(tmp_path: Path) -> None:
+    from torchtame.onnx_runtime import cuda_provider_available
+    from torchtame.variant import Variant
+
+    v = Variant(name="m-onnx", onnx_path=tmp_path / "m.onnx")
+    ok, reason = v.runs_on("cuda:0")
+    assert ok == cuda_provider_available()
+    if not ok:
+        assert "onnxruntime-gpu" in reason
+    assert v.runs_on("cpu") == (True, "")

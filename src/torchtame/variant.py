@@ -53,6 +53,11 @@ class Variant:
             return False, "cpu only (torch.ao quantized kernels run on the CPU)"
         if self.devices == "cuda_only" and not on_cuda:
             return False, "cuda only (float16 is slow or unsupported on the CPU)"
+        if self.kind == "onnx" and on_cuda:
+            from .onnx_runtime import cuda_provider_available
+
+            if not cuda_provider_available():
+                return False, "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
         return True, ""
 
 
