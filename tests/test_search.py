@@ -85,6 +85,7 @@ def test_fallback_keeps_the_planted_layer_in_float(tmp_path: Path) -> None:
     assert sel["chosen"] == min(meeting, key=lambda c: c["p50_ms"])["name"]
     md = (result.run_dir / "report.md").read_text()
     assert "## Selection" in md and "## Sensitivity" in md and "| 1 | sensitive |" in md
+    assert md.count("ok, chosen |") == 1
 
 
 def test_search_with_pruning_grid_and_combination(tmp_path: Path) -> None:

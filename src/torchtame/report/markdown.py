@@ -45,7 +45,8 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
                 fmt_num(m["p90_ms"], 3) if m else "-",
                 f"{s:.2f}x" if s else "-",
             ]
-        body.append([*cells, "ok"])
+        chosen = (results.get("selection") or {}).get("chosen") == r.name
+        body.append([*cells, "ok, chosen" if chosen else "ok"])
     return head, body
 
 
