@@ -9,16 +9,10 @@ import torch
 
 import torchtame
 from torchtame.data import DigitsData
-from torchtame.evaluate import evaluate_accuracy, measure_latency, predict
+from torchtame.evaluate import measure_latency, top1_accuracy
 from torchtame.passes.quantize import engine
 from torchtame.training import train
 from torchtame.zoo import digits_cnn
-
-
-def top1(module, loader) -> float:
-    logits, labels = predict(module, lambda x: x, loader)
-    return evaluate_accuracy(logits, labels, None, ["top1"])["top1"]
-
 
 data = torchtame.load_data(DigitsData(source="digits", batch_size=64), seed=0)
 model = digits_cnn()
@@ -31,5 +25,7 @@ x = data.example_input(64)
 with engine(int8.backend), torch.inference_mode():  # as deployed: no autograd
     fp32_ms = measure_latency(model, x, min_runs=30, min_time_s=0.3).p50_ms
     int8_ms = measure_latency(int8.module, x, min_runs=30, min_time_s=0.3).p50_ms
-    print(f"top-1: fp32 {top1(model, data.evaluation):.2f}%  int8 {top1(int8.module, data.evaluation):.2f}%")
+fp32_acc = top1_accuracy(model, data.evaluation)
+int8_acc = top1_accuracy(int8.module, data.evaluation, int8.backend)
+print(f"top-1: fp32 {fp32_acc:.2f}%  int8 {int8_acc:.2f}%")
 print(f"p50 at batch 64: fp32 {fp32_ms:.3f} ms, int8 {int8_ms:.3f} ms ({fp32_ms / int8_ms:.2f}x)")

@@ -9,7 +9,7 @@ from torch import nn
 
 from ._warnings import caught
 from .data import DataBundle
-from .evaluate.accuracy import predict
+from .evaluate.accuracy import predict, top1_accuracy
 from .passes.quantize import StaticOptions, build_qconfig, calibrate_loader, check_backend, engine
 from .progress import NullProgress, Progress
 
@@ -21,11 +21,11 @@ def score(
 ) -> float:
     """Top-1 accuracy in percent on the evaluation split, or (without labels) top-1 agreement
     with ``reference`` outputs in percent."""
-    with engine(backend), torch.inference_mode():
-        logits, labels = predict(module, lambda x: x, data.evaluation)
     if data.has_labels:
-        return 100.0 * (logits.argmax(1) == labels).float().mean().item()
+        return top1_accuracy(module, data.evaluation, backend)
     assert reference is not None
+    with engine(backend), torch.inference_mode():
+        logits, _ = predict(module, lambda x: x, data.evaluation)
     return 100.0 * (logits.argmax(1) == reference.argmax(1)).float().mean().item()
 
 

@@ -1,6 +1,6 @@
 """Measurements of a variant: accuracy and fidelity, latency, size, MACs."""
 
-from .accuracy import METRICS, evaluate_accuracy, predict
+from .accuracy import METRICS, evaluate_accuracy, predict, top1_accuracy
 from .latency import LatencyStats, measure_latency
 from .runner import make_runner
 from .size import size_report
@@ -13,4 +13,5 @@ __all__ = [
     "measure_latency",
     "predict",
     "size_report",
+    "top1_accuracy",
 ]

@@ -75,6 +75,18 @@ def predict(
     return torch.cat(outs), torch.cat(labels)
 
 
+def top1_accuracy(
+    module: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader, backend: str | None = None
+) -> float:
+    """Top-1 accuracy in percent of ``module`` over a labelled loader (no autograd; quantized
+    modules run under their ``backend`` engine)."""
+    from ..passes.quantize import engine
+
+    with engine(backend), torch.inference_mode():
+        logits, labels = predict(module, lambda x: x, loader)
+    return 100.0 * (logits.argmax(1) == labels).float().mean().item()
+
+
 def evaluate_accuracy(
     logits: torch.Tensor,
     labels: torch.Tensor | None,

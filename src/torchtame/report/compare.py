@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import load_results
-from .rows import fmt_num, human_count, latency_keys, rows_from_results
+from .rows import Row, fmt_num, latency_keys, rows_from_results
 
 
 def _label(results: dict[str, Any], path: Path) -> str:
@@ -73,22 +73,12 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
             ],
         }
         return json.dumps(data, indent=2)
-    head = ["run", "variant", "status", "top-1 %", "drop", "size MB", "x size", "params", "MACs"]
+    head = ["run", "variant", "status", *Row.SUMMARY_HEAD]
     for d, b in keys:
         head += [f"{d} b{b} p50 ms", "speed-up"]
     body = []
     for label, row in all_rows:
-        cells = [
-            label,
-            row.name,
-            row.status,
-            fmt_num(row.top1),
-            fmt_num(row.top1_drop),
-            fmt_num(row.size_mb, 3),
-            fmt_num(row.size_ratio, 3),
-            human_count(row.params),
-            human_count(row.macs),
-        ]
+        cells = [label, row.name, row.status, *row.summary_cells()]
         for k in keys:
             m = row.latency.get(k)
             s = row.speedup.get(k)

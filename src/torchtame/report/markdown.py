@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .rows import fmt_num, human_count, latency_keys, rows_from_results
+from .rows import Row, fmt_num, latency_keys, rows_from_results
 
 
 def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and one list of cells per variant (the last cell is the status)."""
     rows = rows_from_results(results)
     keys = latency_keys(rows)
-    head = ["variant", "from", "pass", "dtype", "top-1 %", "drop (pts)", "agreement %", "size MB",
-            "size ratio", "params", "MACs"]  # fmt: skip
+    head = ["variant", "from", "pass", "dtype", *Row.SUMMARY_HEAD]
     for device, bs in keys:
         head += [f"{device} b{bs} p50 ms", "p90 ms", "speed-up"]
     head.append("status")
@@ -27,15 +26,7 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
             error = (r.error or "").splitlines()[0][:160]
             body.append([*cells, *["-"] * (7 + 3 * len(keys)), f"failed: {error}"])
             continue
-        cells += [
-            fmt_num(r.top1) if r.top1 is not None else "not measured",
-            fmt_num(r.top1_drop),
-            fmt_num(r.agreement),
-            fmt_num(r.size_mb, 3),
-            fmt_num(r.size_ratio, 3),
-            human_count(r.params),
-            human_count(r.macs),
-        ]
+        cells += r.summary_cells()
         for k in keys:
             m = r.latency.get(k)
             s = r.speedup.get(k)

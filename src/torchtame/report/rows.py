@@ -32,6 +32,20 @@ class Row:
     def size_mb(self) -> float | None:
         return None if self.size_bytes is None else self.size_bytes / MB
 
+    SUMMARY_HEAD = ("top-1 %", "drop (pts)", "agreement %", "size MB", "size ratio", "params", "MACs")
+
+    def summary_cells(self) -> list[str]:
+        """Accuracy, drop, agreement, size, size ratio, params, MACs (the SUMMARY_HEAD columns)."""
+        return [
+            fmt_num(self.top1) if self.top1 is not None else "not measured",
+            fmt_num(self.top1_drop),
+            fmt_num(self.agreement),
+            fmt_num(self.size_mb, 3),
+            fmt_num(self.size_ratio, 3),
+            human_count(self.params),
+            human_count(self.macs),
+        ]
+
 
 def rows_from_results(results: dict[str, Any]) -> list[Row]:
     """One Row per variant, with speed-ups and size ratios against the baseline."""
