@@ -142,3 +142,17 @@ def test_recipe_model_section_parses_each_source() -> None:
     ):
         r = load_recipe({"name": "m", "model": model, "data": {"source": "digits"}})
         assert r.model.source == model["source"]
+
+
+def test_paths_expand_the_home_directory() -> None:
+    spec = CheckpointModel(source="checkpoint", path="~/models/x.pt")
+    assert spec.path == Path.home() / "models" / "x.pt"
+    r = load_recipe(
+        {
+            "name": "m",
+            "model": {"source": "python", "target": "a:b"},
+            "data": {"source": "digits"},
+            "output_dir": "~/runs",
+        }
+    )
+    assert r.output_dir == Path.home() / "runs"

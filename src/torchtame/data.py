@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .errors import DataError
-from .recipe import DataSourceOptions, Strict
+from .recipe import DataSourceOptions, Strict, UserPath
 from .registry import Registry
 
 DataFn = Callable[[Any, int], "DataBundle"]
@@ -74,10 +74,10 @@ class DigitsData(DataSourceOptions):
 
 class ImageFolderData(DataSourceOptions):
     source: Literal["imagefolder"]
-    root: Path | None = Field(None, description="One folder split by `split` fractions.")
-    train_root: Path | None = None
-    evaluation_root: Path | None = Field(None, description="Folder of the evaluation split.")
-    calibration_root: Path | None = Field(None, description="Default: part of train_root/root.")
+    root: UserPath | None = Field(None, description="One folder split by `split` fractions.")
+    train_root: UserPath | None = None
+    evaluation_root: UserPath | None = Field(None, description="Folder of the evaluation split.")
+    calibration_root: UserPath | None = Field(None, description="Default: part of train_root/root.")
     split: Split = Field(default_factory=Split)
     image_size: int = Field(224, ge=1)
     resize: int | None = Field(None, ge=1, description="Resize shorter side before center crop.")
@@ -102,7 +102,7 @@ class SyntheticData(DataSourceOptions):
 class TorchvisionData(DataSourceOptions):
     source: Literal["torchvision"]
     name: str = Field(description="A torchvision.datasets class: MNIST, FashionMNIST, CIFAR10, SVHN, ...")
-    root: Path = Field(description="Where the dataset already lies (torchtame never downloads).")
+    root: UserPath = Field(description="Where the dataset already lies (torchtame never downloads).")
     calibration_samples: int = Field(512, ge=1, description="Taken from the train set, disjoint from train.")
     image_size: int | None = Field(None, ge=1, description="Resize to this size (default: as stored).")
     mean: list[float] | None = None

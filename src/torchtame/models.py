@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import nn
 
 from .errors import ModelLoadError
-from .recipe import ModelSourceOptions
+from .recipe import ModelSourceOptions, UserPath
 from .registry import Registry
 
 ModelFn = Callable[[Any], nn.Module]
@@ -34,7 +34,7 @@ def register_model_source(name: str, options: type[ModelSourceOptions]) -> Calla
 class TorchvisionModel(ModelSourceOptions):
     source: Literal["torchvision"]
     name: str = Field(description="Architecture, e.g. resnet18, mobilenet_v3_small.")
-    weights: Path | None = Field(None, description="Local state-dict file (no download).")
+    weights: UserPath | None = Field(None, description="Local state-dict file (no download).")
     num_classes: int | None = Field(None, ge=1)
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -47,7 +47,7 @@ class PythonModel(ModelSourceOptions):
 
 class CheckpointModel(ModelSourceOptions):
     source: Literal["checkpoint"]
-    path: Path
+    path: UserPath
     architecture: str | None = Field(
         None,
         description="torchvision name or 'module:callable' building the model the state dict "
@@ -62,7 +62,7 @@ class CheckpointModel(ModelSourceOptions):
 
 class TorchScriptModel(ModelSourceOptions):
     source: Literal["torchscript"]
-    path: Path
+    path: UserPath
 
 
 def load_model(spec: ModelSourceOptions) -> nn.Module:

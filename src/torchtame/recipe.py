@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -26,6 +27,9 @@ from pydantic import (
 )
 
 from .errors import RecipeError
+
+UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+"""A path in a recipe; ``~`` is expanded."""
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
@@ -179,7 +183,7 @@ class Recipe(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     seed: int = 0
-    output_dir: Path = Path("runs")
+    output_dir: UserPath = Path("runs")
     model: Any
     data: Any
     devices: list[str] = Field(default_factory=lambda: ["auto"])
