@@ -333,6 +333,12 @@ CASES = [
         "does not accept",
     ),
     (
+        "input-shape-mismatch",
+        lambda t, f: _with(t, ("model", "input_shape"), [1, 3, 8, 8]),
+        1,
+        "model.input_shape is [1, 3, 8, 8], but the data's samples have shape [1, 8, 8]",
+    ),
+    (
         "train-without-labels",
         lambda t, f: {
             **_with(t, ("data",), {"source": "synthetic", "shape": [1, 8, 8]}),

@@ -17,7 +17,7 @@ import torch
 from pydantic import Field, model_validator
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from .errors import DataError
+from .errors import DataError, first_line
 from .recipe import DataSourceOptions, Strict, UserPath
 from .registry import Registry
 
@@ -298,7 +298,7 @@ def _torchvision(spec: TorchvisionData, seed: int) -> DataBundle:
             return cls(str(spec.root), **kwargs)
         except (RuntimeError, FileNotFoundError, OSError) as exc:
             raise DataError(
-                f"data: {spec.name} not found under {str(spec.root)!r} ({str(exc).splitlines()[0][:120]})",
+                f"data: {spec.name} not found under {str(spec.root)!r} ({first_line(exc, 120)})",
                 hint=f"torchtame never downloads: fetch it once with torchvision.datasets.{spec.name}"
                 "(root, download=True) on a machine with internet and copy the folder here",
             ) from exc

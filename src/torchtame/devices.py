@@ -142,6 +142,11 @@ def resolve_device(requested: str) -> DeviceChoice:
     return DeviceChoice(requested, f"cuda:{index}")
 
 
+def training_device(devices: list[str]) -> str:
+    """Where to train or fine-tune: the first CUDA device of the run, else the CPU."""
+    return next((d for d in devices if d.startswith("cuda")), "cpu")
+
+
 def resolve_devices(requested: list[str]) -> list[DeviceChoice]:
     """Resolve the recipe's devices, without duplicates.
 

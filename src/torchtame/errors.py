@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def first_line(error: BaseException | str | None, limit: int = 200) -> str:
+    """The first non-empty line of an error message (the exception's type name if it has none)."""
+    text = str(error or "").strip()
+    line = text.splitlines()[0] if text else ""
+    if not line and isinstance(error, BaseException):
+        line = type(error).__name__
+    return line[:limit]
+
+
 class TorchtameError(Exception):
     """Base of every error torchtame raises on purpose. The CLI prints it without a traceback."""
 

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, first_line
 from .recipe import ModelSourceOptions, UserPath
 from .registry import Registry
 
@@ -145,11 +145,11 @@ def _load_file(path: Path, trust: bool) -> Any:
                 hint="save a state dict instead, or set `trust_checkpoint: true` if you trust it",
             ) from exc
         raise ModelLoadError(
-            f"checkpoint {str(path)!r} is not a readable torch file: {str(exc).splitlines()[0]}"
+            f"checkpoint {str(path)!r} is not a readable torch file: {first_line(exc)}"
         ) from exc
     except (RuntimeError, EOFError, OSError) as exc:
         raise ModelLoadError(
-            f"checkpoint {str(path)!r} is not a readable torch file: {str(exc).splitlines()[0]}"
+            f"checkpoint {str(path)!r} is not a readable torch file: {first_line(exc)}"
         ) from exc
 
 
@@ -245,6 +245,6 @@ def _torchscript(spec: TorchScriptModel) -> nn.Module:
         return torch.jit.load(str(spec.path), map_location="cpu")
     except RuntimeError as exc:
         raise ModelLoadError(
-            f"{str(spec.path)!r} is not a TorchScript archive: {str(exc).splitlines()[0]}",
+            f"{str(spec.path)!r} is not a TorchScript archive: {first_line(exc)}",
             hint="use `source: checkpoint` for torch.save files",
         ) from exc

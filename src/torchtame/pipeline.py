@@ -27,8 +27,8 @@ from . import __version__
 from ._warnings import caught
 from .artifacts import load_module, save_module
 from .data import DataBundle, load_data
-from .devices import DeviceChoice, detect_environment, resolve_device, resolve_devices
-from .errors import ModelLoadError, RunError, TorchtameError
+from .devices import DeviceChoice, detect_environment, resolve_device, resolve_devices, training_device
+from .errors import ModelLoadError, RunError, TorchtameError, first_line
 from .evaluate import evaluate_accuracy, make_runner, measure_latency, predict
 from .evaluate.size import module_params, onnx_params, size_report
 from .models import load_model
@@ -173,13 +173,20 @@ class Pipeline:
         self.progress.status("loading model")
         model = load_model(r.model)
         self.example = self.data.example_input(1)
+        expected = r.model.input_shape
+        if expected is not None and list(self.example.shape[1:]) != list(expected[1:]):
+            raise ModelLoadError(
+                f"model.input_shape is {expected}, but the data's samples have shape "
+                f"{list(self.example.shape[1:])}",
+                hint="make `data` produce that shape (image_size, channels) or fix model.input_shape",
+            )
         try:
             with torch.inference_mode():
                 model(self.example)
         except Exception as exc:
             raise ModelLoadError(
                 f"the model does not accept the data's inputs of shape {list(self.example.shape)}: "
-                f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}",
+                f"{first_line(exc)}",
                 hint="make `data` produce what the model expects (shape, channels, image_size)",
             ) from exc
         info: dict[str, Any] = {"class": type(model).__name__, "input_shape": list(self.example.shape)}
@@ -223,7 +230,7 @@ class Pipeline:
             lr=cfg.lr,
             optimizer=cfg.optimizer,
             weight_decay=cfg.weight_decay,
-            device=next((d for d in self.devices if d.startswith("cuda")), "cpu"),
+            device=training_device(self.devices),
             seed=r.seed,
             progress=self.progress,
             description="train model",
@@ -415,7 +422,7 @@ class Pipeline:
                 self.variants.pop(v.name, None)
         if error:
             entry["error"] = error
-            log.warning("variant %s failed: %s", v.name, error.splitlines()[0])
+            log.warning("variant %s failed: %s", v.name, first_line(error, 500))
         entry["duration_s"] = round(time.perf_counter() - t0, 3)
         if warns:
             entry["warnings_caught"] = sum(warns.values())

@@ -55,7 +55,9 @@ class ModelSourceOptions(Strict):
     """Fields every model source accepts."""
 
     input_shape: list[int] | None = Field(
-        None, description="Shape of one input batch, e.g. [1, 3, 224, 224]; default: from data."
+        None,
+        description="Shape of one input batch the model expects, e.g. [1, 3, 224, 224]; checked against "
+        "the data's samples before any work (the batch dimension may be anything).",
     )
     train: TrainConfig | None = Field(
         None, description="Train on the spot before optimizing (small models, quickstart)."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import first_line
 from .recipe import Constraints
 
 MIB = 1024 * 1024
@@ -35,7 +36,7 @@ def verdict(entry: dict[str, Any], c: Constraints, device: str, batch: int) -> d
     lat = latency_of(entry, device, batch)
     size = (entry.get("size") or {}).get("bytes")
     if entry.get("status") != "ok":
-        reasons.append("failed: " + (entry.get("error") or "").splitlines()[0][:120])
+        reasons.append("failed: " + first_line(entry.get("error"), 120))
     else:
         if c.max_accuracy_drop is not None:
             if drop is None:

@@ -9,6 +9,7 @@ from torch import nn
 
 from ._warnings import caught
 from .data import DataBundle
+from .errors import first_line
 from .evaluate.accuracy import predict, top1_accuracy
 from .passes.quantize import StaticOptions, build_qconfig, calibrate_loader, check_backend, engine
 from .progress import NullProgress, Progress
@@ -74,9 +75,7 @@ def quantization_sensitivity(
                 drop = baseline_score - score(q, data, reference, backend)
                 out.append({"layer": name, "type": kind, "drop": round(drop, 3)})
             except Exception as exc:  # an untraceable model gives no quantization sensitivity
-                out.append(
-                    {"layer": name, "type": kind, "drop": None, "error": str(exc).splitlines()[0][:160]}
-                )
+                out.append({"layer": name, "type": kind, "drop": None, "error": first_line(exc, 160)})
             t.advance(1)
     return sorted(out, key=lambda s: -(s["drop"] if s["drop"] is not None else float("-inf")))
 
@@ -118,8 +117,6 @@ def pruning_sensitivity(
                 drop = baseline_score - score(m, data, reference)
                 out.append({"layer": name, "type": kind, "drop": round(drop, 3)})
             except Exception as exc:  # a layer torch-pruning cannot handle alone
-                out.append(
-                    {"layer": name, "type": kind, "drop": None, "error": str(exc).splitlines()[0][:160]}
-                )
+                out.append({"layer": name, "type": kind, "drop": None, "error": first_line(exc, 160)})
             t.advance(1)
     return sorted(out, key=lambda s: -(s["drop"] if s["drop"] is not None else float("-inf")))

@@ -85,7 +85,9 @@ class PassContext:
     @property
     def train_device(self) -> str:
         """The device to train or fine-tune on: the first CUDA device if any, else the CPU."""
-        return next((d for d in self.devices if d.startswith("cuda")), "cpu")
+        from .devices import training_device
+
+        return training_device(self.devices)
 
 
 def clone_module(module: nn.Module) -> nn.Module:

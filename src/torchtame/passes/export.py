@@ -13,7 +13,7 @@ from pydantic import Field
 from torch import nn
 
 from .._warnings import caught
-from ..errors import PassError
+from ..errors import PassError, first_line
 from ..onnx_runtime import parity, session
 from ..recipe import Strict
 from ..variant import PassContext, Variant
@@ -94,7 +94,7 @@ def export_onnx(
                 _export(module, example, path, opts, name)
             break
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0][:240] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc, 240)
             errors.append(f"{name}: {first}")
             log.info("ONNX export with the %s exporter failed: %s", name, first)
     else:

@@ -14,7 +14,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from ..errors import PassError
+from ..errors import PassError, first_line
 from ..recipe import Strict
 from ..variant import PassContext, Variant
 from . import register_pass
@@ -210,7 +210,7 @@ def untraceable_module(model: nn.Module, leaves: set[str]) -> tuple[str, str] | 
         tracer.trace(model)
     except Exception as exc:
         where = tracer.failed_at[-1] if tracer.failed_at else ""
-        return where, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return where, first_line(exc, 300)
     return None
 
 
@@ -301,7 +301,7 @@ def _static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backe
             q(ctx.example_input)
     except (RuntimeError, NotImplementedError) as exc:
         raise PassError(
-            f"eager-mode quantized model fails to run: {str(exc).splitlines()[0][:200]}",
+            f"eager-mode quantized model fails to run: {first_line(exc)}",
             hint="eager mode needs functional ops (+, cat) as nn.quantized.FloatFunctional; "
             "use `mode: fx` or keep_float for the failing block",
         ) from exc

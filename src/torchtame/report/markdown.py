@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import first_line
 from .rows import Row, fmt_num, latency_keys, rows_from_results
 
 
@@ -23,7 +24,7 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
     for r in rows:
         cells = [r.name, r.parent or "", r.pass_name, r.dtype]
         if r.status != "ok":
-            error = (r.error or "").splitlines()[0][:160]
+            error = first_line(r.error, 160)
             body.append([*cells, *["-"] * (7 + 3 * len(keys)), f"failed: {error}"])
             continue
         cells += r.summary_cells()

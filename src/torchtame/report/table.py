@@ -7,6 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from ..errors import first_line
 from .rows import fmt_num, human_count, latency_keys, rows_from_results
 
 
@@ -24,7 +25,7 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
             table.add_row(
                 f"[red]{r.name}[/red]",
                 "failed",
-                escape((r.error or "").splitlines()[0][:70]),
+                escape(first_line(r.error, 70)),
                 *[""] * (4 + len(keys)),
             )
             continue
