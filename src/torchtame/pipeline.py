@@ -464,7 +464,7 @@ class Pipeline:
                 except Exception as exc:
                     log.debug("MACs of %s not counted: %s", v.name, exc)
             elif v.parent is not None:
-                macs = self._macs_of(v.parent)
+                macs = ((self.entry(v.parent) or {}).get("size") or {}).get("macs")
         out["size"] = size_report(params, files, macs)
         # where it can run
         runnable = [d for d in self.devices if v.runs_on(d)[0]]
@@ -476,57 +476,62 @@ class Pipeline:
             out["latency"] = []
             return out
         lat = r.evaluate.latency
-        # accuracy on the first device it runs on
-        acc_device = runnable[0]
-        with make_runner(v, acc_device, lat.threads, lat.inference_mode) as (run, prepare):
-            self.progress.status(f"{v.name}: accuracy on {acc_device}")
-            logits, labels = predict(run, prepare, self.data.evaluation)
+        out["latency"] = []
+        # one runner (one onnxruntime session) per device: accuracy on the first device the variant
+        # runs on, then latency on every device, at every batch size
+        for device in runnable:
+            with make_runner(v, device, lat.threads, lat.inference_mode, lat.onnx_graph_optimization) as (
+                run,
+                prepare,
+            ):
+                if device == runnable[0]:
+                    self.progress.status(f"{v.name}: accuracy on {device}")
+                    out["accuracy"] = self._accuracy(v, *predict(run, prepare, self.data.evaluation), device)
+                if not lat.enabled:
+                    continue
+                for bs in lat.batch_sizes:
+                    self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
+                    x = prepare(self.data.example_input(bs))
+                    stats = measure_latency(
+                        run,
+                        x,
+                        device=device,
+                        warmup=lat.warmup,
+                        min_runs=lat.min_runs,
+                        min_time_s=lat.min_time_s,
+                        max_runs=lat.max_runs,
+                        threads=lat.threads,
+                        dtype=v.dtype,
+                    )
+                    d = stats.to_dict()
+                    d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
+                    if v.kind == "onnx":
+                        d["graph_optimization"] = lat.onnx_graph_optimization
+                    out["latency"].append(d)
+        return out
+
+    def _accuracy(
+        self, v: Variant, logits: torch.Tensor, labels: torch.Tensor, device: str
+    ) -> dict[str, Any]:
+        """The recipe's metrics for one variant's outputs, with drops against the baseline."""
         if v.name == "baseline":
             self.baseline_logits = logits
         acc = evaluate_accuracy(
             logits,
             labels if self.data.has_labels else None,
             None if v.name == "baseline" else self.baseline_logits,
-            r.evaluate.metrics,
+            self.recipe.evaluate.metrics,
         )
-        base_acc = (self.baseline_entry.get("accuracy") or {}) if v.name != "baseline" else acc
+        base_acc = acc if v.name == "baseline" else (self.baseline_entry.get("accuracy") or {})
         for k in ("top1", "top5"):
             if k in acc and k in base_acc:
                 acc[f"{k}_drop"] = round(base_acc[k] - acc[k], 3)
-        acc["device"] = acc_device
-        out["accuracy"] = acc
-        # latency on every device it runs on, at every batch size
-        out["latency"] = []
-        if lat.enabled:
-            for device in runnable:
-                runner = make_runner(v, device, lat.threads, lat.inference_mode, lat.onnx_graph_optimization)
-                with runner as (run, prepare):
-                    for bs in lat.batch_sizes:
-                        self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
-                        x = prepare(self.data.example_input(bs))
-                        stats = measure_latency(
-                            run,
-                            x,
-                            device=device,
-                            warmup=lat.warmup,
-                            min_runs=lat.min_runs,
-                            min_time_s=lat.min_time_s,
-                            max_runs=lat.max_runs,
-                            threads=lat.threads,
-                            dtype=v.dtype,
-                        )
-                        d = stats.to_dict()
-                        d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
-                        if v.kind == "onnx":
-                            d["graph_optimization"] = lat.onnx_graph_optimization
-                        out["latency"].append(d)
-        return out
+        acc["device"] = device
+        return acc
 
-    def _macs_of(self, name: str) -> int | None:
-        for e in self.results["variants"]:
-            if e["name"] == name:
-                return (e.get("size") or {}).get("macs")
-        return None
+    def entry(self, name: str) -> dict[str, Any] | None:
+        """The results entry of variant ``name`` so far, if it has one."""
+        return next((e for e in self.results["variants"] if e["name"] == name), None)
 
     # ----------------------------------------------------------------- output
 

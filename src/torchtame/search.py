@@ -25,13 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchtame")
 
 
-def _entry(pipe: Pipeline, name: str) -> dict[str, Any]:
-    return next(v for v in pipe.results["variants"] if v["name"] == name)
-
-
 def _fits_accuracy(pipe: Pipeline, name: str) -> bool:
-    entry = _entry(pipe, name)
-    if entry["status"] != "ok":
+    entry = pipe.entry(name)
+    if entry is None or entry["status"] != "ok":
         return False
     limit = pipe.recipe.constraints.max_accuracy_drop
     drop, _ = accuracy_drop(entry)
