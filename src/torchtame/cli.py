@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -172,17 +173,11 @@ def run_cmd(
     _setup_logging(debug, quiet)
     path = recipe or (None if resume else default_recipe())
     try:
-        if quiet or not err.is_terminal:
-            result = run(path, output_dir=output_dir, devices=list(devices) or None, resume=resume)
-        else:
-            with rich_progress(err) as progress:
-                result = run(
-                    path,
-                    output_dir=output_dir,
-                    devices=list(devices) or None,
-                    progress=progress,
-                    resume=resume,
-                )
+        display = contextlib.nullcontext(None) if quiet or not err.is_terminal else rich_progress(err)
+        with display as progress:
+            result = run(
+                path, output_dir=output_dir, devices=list(devices) or None, progress=progress, resume=resume
+            )
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished variants are kept in the run directory")
         sys.exit(130)
