@@ -16,8 +16,8 @@ import torch
 
 from torchtame.data import DigitsData, load_data
 from torchtame.evaluate.latency import measure_latency
-from torchtame.passes.quantize import engine
 from torchtame.pipeline import apply_pass
+from torchtame.runtime import quantized_engine
 from torchtame.zoo import digits_cnn
 
 
@@ -38,7 +38,7 @@ def main() -> None:
         for bs in args.batch:
             x = data.example_input(bs)
             p50s = []
-            with engine(backend), torch.inference_mode():
+            with quantized_engine(backend), torch.inference_mode():
                 for _ in range(args.repeats):
                     s = measure_latency(module, x, warmup=10, min_runs=50, min_time_s=args.min_time)
                     p50s.append(s.p50_ms)

@@ -29,12 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchtame.artifacts import no_mha_fastpath
 from torchtame.data import DataBundle, DigitsData, SyntheticData, load_data
 from torchtame.evaluate.latency import measure_latency
 from torchtame.onnx_runtime import run_session, session
-from torchtame.passes.quantize import engine
 from torchtame.pipeline import apply_pass
+from torchtame.runtime import no_mha_fastpath, quantized_engine
 from torchtame.training import train
 from torchtame.zoo import digits_cnn
 
@@ -86,7 +85,7 @@ class Bench:
     def _p50(self, fn: Any, backend: str | None, bs: int) -> float:
         # quantized Transformer layers need their plain path (torch's fast path rejects them)
         slow = no_mha_fastpath() if backend else contextlib.nullcontext()
-        with engine(backend), torch.inference_mode(), slow:
+        with quantized_engine(backend), torch.inference_mode(), slow:
             x = self.data.example_input(bs)
             return measure_latency(fn, x, warmup=5, min_runs=10, min_time_s=self.min_time).p50_ms
 
@@ -94,7 +93,7 @@ class Bench:
         self, approach: str, who: str, fn: Any, size: int, backend: str | None = None, build_s: float = 0.0
     ) -> None:
         slow = no_mha_fastpath() if backend else contextlib.nullcontext()
-        with engine(backend), torch.inference_mode(), slow:
+        with quantized_engine(backend), torch.inference_mode(), slow:
             logits, _ = outputs(fn, self.data)
         row: dict[str, Any] = {
             "model": self.model_name,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torchtame
 from torchtame.data import DigitsData
 from torchtame.evaluate import top1_accuracy
-from torchtame.passes.prune import count_macs_params
+from torchtame.evaluate.macs import count_macs_params
 from torchtame.training import train
 from torchtame.zoo import digits_cnn
 

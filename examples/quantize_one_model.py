@@ -10,7 +10,7 @@ import torch
 import torchtame
 from torchtame.data import DigitsData
 from torchtame.evaluate import measure_latency, top1_accuracy
-from torchtame.passes.quantize import engine
+from torchtame.runtime import quantized_engine
 from torchtame.training import train
 from torchtame.zoo import digits_cnn
 
@@ -22,7 +22,7 @@ int8 = torchtame.apply_pass(
     "quantize.static", model, data, {"backend": "x86", "activation_observer": "histogram"}
 )
 x = data.example_input(64)
-with engine(int8.backend), torch.inference_mode():  # as deployed: no autograd
+with quantized_engine(int8.backend), torch.inference_mode():  # as deployed: no autograd
     fp32_ms = measure_latency(model, x, min_runs=30, min_time_s=0.3).p50_ms
     int8_ms = measure_latency(int8.module, x, min_runs=30, min_time_s=0.3).p50_ms
 fp32_acc = top1_accuracy(model, data.evaluation)

@@ -92,7 +92,7 @@ def test_cuda_run_measures_both_devices(tmp_path: Path) -> None:
 
 
 def test_onnx_variant_on_cuda_needs_the_cuda_provider(tmp_path: Path) -> None:
-    from torchtame.onnx_runtime import cuda_provider_available
+    from torchtame.runtime import cuda_provider_available
     from torchtame.variant import Variant
 
     v = Variant(name="m-onnx", onnx_path=tmp_path / "m.onnx")

@@ -10,7 +10,7 @@ from torch import nn
 
 from torchtame import PassError, apply_pass
 from torchtame.artifacts import load_module, save_module
-from torchtame.passes.prune import count_macs_params
+from torchtame.evaluate.macs import count_macs_params
 
 from .conftest import accuracy
 

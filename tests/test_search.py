@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from torchtame import RecipeError, load_recipe, run
-from torchtame.selection import select
+from torchtame.search.selection import select
 
 from .conftest import tiny_recipe
 

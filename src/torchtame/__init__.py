@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .data import DataBundle, load_data, register_data_source
+from ._version import __version__
+from .data import DataBundle, load_data
 from .devices import detect_environment, resolve_devices
 from .errors import (
     DataError,
@@ -15,10 +14,10 @@ from .errors import (
     RunError,
     TorchtameError,
 )
-from .models import load_model, register_model_source
-from .passes import register_pass
+from .models import load_model
 from .pipeline import Pipeline, RunResult, apply_pass, run
 from .recipe import Recipe, json_schema, load_recipe
+from .registry import register_data_source, register_metric, register_model_source, register_pass
 from .variant import PassContext, Variant
 
 __all__ = [
@@ -43,6 +42,7 @@ __all__ = [
     "load_model",
     "load_recipe",
     "register_data_source",
+    "register_metric",
     "register_model_source",
     "register_pass",
     "resolve_devices",

@@ -9,33 +9,20 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ._warnings import caught
-from .passes.quantize import engine
+from .runtime import no_mha_fastpath, quantized_engine
 from .variant import Variant
 
 log = logging.getLogger("torchtame")
 
 
-@contextmanager
-def no_mha_fastpath() -> Iterator[None]:
-    """Run Transformer layers on their plain path (the fast path rejects quantized Linears)."""
-    saved = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(saved)
-
-
 def _trace(variant: Variant, example: torch.Tensor, path: Path) -> Path:
-    with engine(variant.backend), torch.inference_mode(), no_mha_fastpath():
+    with quantized_engine(variant.backend), torch.inference_mode(), no_mha_fastpath():
         traced = torch.jit.trace(variant.module, example.to(variant.input_dtype), check_trace=False)
     torch.jit.save(traced, str(path))
     return path

@@ -19,7 +19,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from . import __version__
+from ._version import __version__
 from .errors import TorchtameError
 
 err = Console(stderr=True)
@@ -273,10 +273,11 @@ def passes_cmd() -> None:
     """List model sources, data sources and passes with their options and defaults."""
     from rich.table import Table
 
-    from . import data, models
-    from .passes import PASSES
+    from .recipe import recipe_model
+    from .registry import DATA_SOURCES, MODEL_SOURCES, PASSES
 
-    for title, reg in (("model sources", models.SOURCES), ("data sources", data.SOURCES), ("passes", PASSES)):
+    recipe_model()  # imports (registers) every built-in source and pass
+    for title, reg in (("model sources", MODEL_SOURCES), ("data sources", DATA_SOURCES), ("passes", PASSES)):
         table = Table(title=title, show_lines=True)
         table.add_column("name", style="bold")
         table.add_column("what it does")

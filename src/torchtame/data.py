@@ -18,16 +18,10 @@ from pydantic import Field, model_validator
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .errors import DataError, first_line
-from .recipe import DataSourceOptions, Strict, UserPath
-from .registry import Registry
+from .options import DataSourceOptions, Strict, UserPath
+from .registry import DATA_SOURCES, register_data_source, resolve_callable
 
 DataFn = Callable[[Any, int], "DataBundle"]
-SOURCES: Registry[DataFn] = Registry("data source")
-
-
-def register_data_source(name: str, options: type[DataSourceOptions]) -> Callable[[DataFn], DataFn]:
-    """Register a data source: ``fn(options, seed) -> DataBundle``."""
-    return SOURCES.register(name, options)
 
 
 @dataclass
@@ -122,7 +116,7 @@ class PythonData(DataSourceOptions):
 
 def load_data(spec: DataSourceOptions, seed: int) -> DataBundle:
     """Build the loaders the recipe's ``data`` section names, and check they are usable."""
-    entry = SOURCES.get(spec.source)  # type: ignore[attr-defined]
+    entry = DATA_SOURCES.get(spec.source)  # type: ignore[attr-defined]
     bundle = entry.fn(spec, seed)
     for split in ("calibration", "evaluation"):
         loader = getattr(bundle, split)
@@ -323,12 +317,7 @@ def _torchvision(spec: TorchvisionData, seed: int) -> DataBundle:
 @register_data_source("python", PythonData)
 def _python(spec: PythonData, seed: int) -> DataBundle:
     """A callable returning a Dataset, a DataLoader or a dict of them per split."""
-    from .models import resolve_callable
-
-    try:
-        fn = resolve_callable(spec.target, "data.target")
-    except Exception as exc:
-        raise DataError(str(exc)) from exc
+    fn = resolve_callable(spec.target, "data.target", DataError)
     obj = fn(**spec.kwargs)
 
     def as_dataset(item: Any, name: str) -> Dataset:

@@ -6,10 +6,7 @@ Each source is registered with its own options model; ``load_model`` dispatches 
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import pickle
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -19,16 +16,16 @@ from pydantic import Field
 from torch import nn
 
 from .errors import ModelLoadError, first_line
-from .recipe import ModelSourceOptions, UserPath
-from .registry import Registry
+from .options import ModelSourceOptions, UserPath
+from .registry import MODEL_SOURCES, register_model_source
+from .registry import resolve_callable as _resolve
 
 ModelFn = Callable[[Any], nn.Module]
-SOURCES: Registry[ModelFn] = Registry("model source")
 
 
-def register_model_source(name: str, options: type[ModelSourceOptions]) -> Callable[[ModelFn], ModelFn]:
-    """Register a model source: ``fn(options) -> nn.Module``."""
-    return SOURCES.register(name, options)
+def resolve_callable(target: str, what: str = "target") -> Callable[..., Any]:
+    """Import ``package.module:attr`` or ``path/to/file.py:attr`` (errors are ModelLoadError)."""
+    return _resolve(target, what, ModelLoadError)
 
 
 class TorchvisionModel(ModelSourceOptions):
@@ -67,7 +64,7 @@ class TorchScriptModel(ModelSourceOptions):
 
 def load_model(spec: ModelSourceOptions) -> nn.Module:
     """Build the model the recipe's ``model`` section names, in eval mode."""
-    entry = SOURCES.get(spec.source)  # type: ignore[attr-defined]
+    entry = MODEL_SOURCES.get(spec.source)  # type: ignore[attr-defined]
     model = entry.fn(spec)
     if not isinstance(model, nn.Module):
         raise ModelLoadError(
@@ -75,48 +72,6 @@ def load_model(spec: ModelSourceOptions) -> nn.Module:
             hint="the callable must return an nn.Module instance",
         )
     return model.eval()
-
-
-def resolve_callable(target: str, what: str = "target") -> Callable[..., Any]:
-    """Import ``package.module:attr`` or ``path/to/file.py:attr``."""
-    if ":" not in target:
-        raise ModelLoadError(
-            f"{what} {target!r} is not of the form 'package.module:callable'",
-            hint="write e.g. 'torchtame.zoo:digits_cnn' or 'mymodels.py:build'",
-        )
-    module_name, _, attr = target.rpartition(":")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ModelLoadError(f"{what}: file {module_name!r} does not exist")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ModelLoadError:
-        raise
-    except ImportError as exc:
-        raise ModelLoadError(
-            f"{what} {target!r}: cannot import module {module_name!r} ({exc})",
-            hint="check the spelling and that the module is importable (PYTHONPATH)",
-        ) from exc
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(module) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=3)
-            raise ModelLoadError(
-                f"{what} {target!r}: module {module_name!r} has no attribute {part!r}",
-                hint=f"did you mean {', '.join(close)}?" if close else None,
-            )
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ModelLoadError(f"{what} {target!r} is not callable")
-    return obj
 
 
 def _torchvision_builder(name: str) -> Callable[..., nn.Module]:

@@ -33,12 +33,6 @@ def session(path: Path, device: str = "cpu", threads: int | None = None, opt_lev
     return ort.InferenceSession(str(path), so, providers=providers)
 
 
-def cuda_provider_available() -> bool:
-    import onnxruntime as ort
-
-    return "CUDAExecutionProvider" in ort.get_available_providers()
-
-
 def run_session(sess: Any, x: torch.Tensor) -> torch.Tensor:
     """Run a single-input, single-output session on a torch tensor; returns a CPU tensor."""
     name = sess.get_inputs()[0].name

@@ -15,65 +15,42 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
+from . import data, models, passes  # noqa: F401  (importing them registers the built-ins)
 from .errors import RecipeError
-
-UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
-"""A path in a recipe; ``~`` is expanded."""
+from .evaluate.accuracy import METRICS
+from .options import (
+    NAME_PATTERN,
+    DataSourceOptions,
+    ModelSourceOptions,
+    PretrainOptions,
+    Strict,
+    TrainOptions,
+    UserPath,
+)
+from .passes.export import OnnxOptions
+from .passes.finetune import FinetuneOptions
+from .passes.prune import PruneOptions
+from .passes.quantize import StaticOptions
+from .registry import DATA_SOURCES, MODEL_SOURCES, PASSES
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 
-
-class Strict(BaseModel):
-    """Base of every recipe section: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class TrainConfig(Strict):
-    """Train the model on the data's train split before optimizing (cached by content hash)."""
-
-    epochs: int = Field(10, ge=1, le=1000)
-    lr: float = Field(2e-3, gt=0)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    weight_decay: float = Field(0.0, ge=0)
-    cache: bool = True
-
-
-class ModelSourceOptions(Strict):
-    """Fields every model source accepts."""
-
-    input_shape: list[int] | None = Field(
-        None,
-        description="Shape of one input batch the model expects, e.g. [1, 3, 224, 224]; checked against "
-        "the data's samples before any work (the batch dimension may be anything).",
-    )
-    train: TrainConfig | None = Field(
-        None, description="Train on the spot before optimizing (small models, quickstart)."
-    )
-
-
-class DataSourceOptions(Strict):
-    """Fields every data source accepts."""
-
-    batch_size: int = Field(32, ge=1)
-    calibration_batches: int | None = Field(
-        None, ge=1, description="Use at most this many calibration batches (default: all)."
-    )
-    evaluation_batches: int | None = Field(
-        None, ge=1, description="Use at most this many evaluation batches (default: all)."
-    )
+__all__ = [
+    "NAME_PATTERN",
+    "Constraints",
+    "DataSourceOptions",
+    "ModelSourceOptions",
+    "PretrainOptions",
+    "Recipe",
+    "Strict",
+    "TrainOptions",
+    "UserPath",
+    "json_schema",
+    "load_recipe",
+    "recipe_model",
+]
 
 
 class StepBase(Strict):
@@ -117,12 +94,10 @@ class EvaluateConfig(Strict):
     @field_validator("metrics")
     @classmethod
     def _known_metrics(cls, value: list[str]) -> list[str]:
-        from .evaluate.accuracy import METRICS
-
         for name in value:
             if name not in METRICS and ":" not in name:
                 raise ValueError(
-                    f"unknown metric {name!r}; allowed: {', '.join(sorted(METRICS))} or 'module:callable'"
+                    f"unknown metric {name!r}; allowed: {', '.join(METRICS.names())} or 'module:callable'"
                 )
         return value
 
@@ -132,8 +107,8 @@ class ExportConfig(Strict):
     variants: list[str] | None = Field(
         None, description="Which variants to export (default: every float variant)."
     )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Options of the export.onnx pass used for each twin."
+    options: OnnxOptions = Field(
+        default_factory=OnnxOptions, description="Options of the export.onnx pass used for each twin."
     )
 
 
@@ -166,14 +141,16 @@ class SearchConfig(Strict):
     sensitivity: bool = Field(True, description="Per-layer quantization and pruning sensitivity.")
     sensitivity_prune_ratio: float = Field(0.5, gt=0, lt=1)
     quantize: bool = Field(True, description="Static int8 candidates, keeping sensitive layers float.")
-    quantize_options: dict[str, Any] = Field(default_factory=dict, description="quantize.static options.")
+    quantize_options: StaticOptions = Field(
+        default_factory=StaticOptions, description="quantize.static options."
+    )
     max_float_layers: int = Field(3, ge=0, description="Keep at most this many layers in float.")
     prune: bool = Field(True, description="Pruning candidates.")
     prune_search: Literal["grid", "bisect"] = "grid"
     prune_ratios: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75])
     bisect_steps: int = Field(4, ge=1, le=10)
-    prune_options: dict[str, Any] = Field(default_factory=dict, description="prune.structured options.")
-    finetune: dict[str, Any] | None = Field(
+    prune_options: PruneOptions = Field(default_factory=PruneOptions, description="prune.structured options.")
+    finetune: FinetuneOptions | None = Field(
         None, description="finetune options applied to every pruning candidate (e.g. {epochs: 2})."
     )
     combine: bool = Field(True, description="Also quantize the best pruning candidate.")
@@ -239,32 +216,7 @@ class Recipe(Strict):
         for name in self.export.variants or []:
             if name not in known:
                 raise ValueError(f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}")
-        self._check_nested_options()
         return self
-
-    def _check_nested_options(self) -> None:
-        """Options handed to passes later (export twins, search candidates) are checked now."""
-        from .passes.export import OnnxOptions
-        from .passes.finetune import FinetuneOptions
-        from .passes.prune import PruneOptions
-        from .passes.quantize import StaticOptions
-
-        checks = [
-            ("export.options", OnnxOptions, self.export.options),
-            ("search.quantize_options", StaticOptions, self.search.quantize_options),
-            ("search.prune_options", PruneOptions, self.search.prune_options),
-            ("search.finetune", FinetuneOptions, self.search.finetune),
-        ]
-        for where, cls, value in checks:
-            if value is None:
-                continue
-            try:
-                cls.model_validate(value)
-            except ValidationError as exc:
-                err = exc.errors(include_url=False)[0]
-                loc = ".".join(str(p) for p in err["loc"])
-                msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-                raise ValueError(f"{where}{'.' + loc if loc else ''}: {msg}") from None
 
     def to_yaml(self) -> str:
         """The recipe as resolved (defaults filled in), in YAML."""
@@ -276,9 +228,7 @@ _cache: dict[tuple[int, int, int], type[Recipe]] = {}
 
 def recipe_model() -> type[Recipe]:
     """The Recipe class with ``model``/``data``/``steps`` typed by what is registered now."""
-    from . import data, models, passes
-
-    key = (models.SOURCES.version, data.SOURCES.version, passes.PASSES.version)
+    key = (MODEL_SOURCES.version, DATA_SOURCES.version, PASSES.version)
     if key in _cache:
         return _cache[key]
 
@@ -288,7 +238,7 @@ def recipe_model() -> type[Recipe]:
         return Annotated[Union[tuple(options)], Field(discriminator=tag)]  # noqa: UP007
 
     steps = []
-    for entry in passes.PASSES.entries():
+    for entry in PASSES.entries():
         steps.append(
             create_model(
                 "Step_" + re.sub(r"\W", "_", entry.name),
@@ -298,8 +248,8 @@ def recipe_model() -> type[Recipe]:
                 options=(entry.options, Field(default_factory=entry.options)),
             )
         )
-    model_spec = union([e.options for e in models.SOURCES.entries()], "source")
-    data_spec = union([e.options for e in data.SOURCES.entries()], "source")
+    model_spec = union([e.options for e in MODEL_SOURCES.entries()], "source")
+    data_spec = union([e.options for e in DATA_SOURCES.entries()], "source")
     cls = create_model(
         "Recipe",
         __base__=Recipe,
@@ -422,9 +372,7 @@ def _format_errors(exc: ValidationError, raw: Any, node: Any, where: str, cls: t
 
 
 def _tags(loc: tuple[Any, ...]) -> str:
-    from . import data, models, passes
-
-    reg = {"model": models.SOURCES, "data": data.SOURCES, "steps": passes.PASSES}.get(str(loc[0]))
+    reg = {"model": MODEL_SOURCES, "data": DATA_SOURCES, "steps": PASSES}.get(str(loc[0]))
     return ", ".join(reg.names()) if reg is not None else ""
 
 

@@ -1,19 +1,26 @@
 """One small registry type shared by model sources, data sources, passes and metrics.
 
-Third parties register through the ``torchtame.plugins`` entry point group: each entry point
-names a module (or callable) that registers its items when imported or called.
+The registries themselves live here too, so a pass or source module registers itself with a
+downward import. Third parties register through the ``torchtame.plugins`` entry point group:
+each entry point names a module (or callable) that registers its items when imported or called.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .errors import RecipeError
+from .errors import RecipeError, TorchtameError
+from .options import NoOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,7 +43,16 @@ class Registry(Generic[F]):
         self._items: dict[str, Entry[F]] = {}
         self.version = 0
 
-    def register(self, name: str, options: type[BaseModel]) -> Callable[[F], F]:
+    def register(
+        self, name: str, options: type[BaseModel] = NoOptions, *, replace: bool = False
+    ) -> Callable[[F], F]:
+        """Decorator registering ``fn`` under ``name``; a taken name is an error unless ``replace``."""
+        if name in self._items and not replace:
+            raise ValueError(
+                f"{self.kind} {name!r} is already registered (by {self._items[name].fn.__module__}); "
+                "pass replace=True to replace it"
+            )
+
         def decorator(fn: F) -> F:
             summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
             self._items[name] = Entry(name=name, fn=fn, options=options, summary=summary)
@@ -64,6 +80,32 @@ class Registry(Generic[F]):
         return name in self._items
 
 
+MODEL_SOURCES: Registry[Callable[..., Any]] = Registry("model source")
+DATA_SOURCES: Registry[Callable[..., Any]] = Registry("data source")
+PASSES: Registry[Callable[..., Any]] = Registry("pass")
+METRICS: Registry[Callable[..., Any]] = Registry("metric")
+
+
+def register_pass(name: str, options: type[BaseModel] = NoOptions, *, replace: bool = False) -> Any:
+    """Register ``fn(model, ctx, options) -> Variant`` as the pass ``name``."""
+    return PASSES.register(name, options, replace=replace)
+
+
+def register_model_source(name: str, options: type[BaseModel], *, replace: bool = False) -> Any:
+    """Register a model source: ``fn(options) -> nn.Module``."""
+    return MODEL_SOURCES.register(name, options, replace=replace)
+
+
+def register_data_source(name: str, options: type[BaseModel], *, replace: bool = False) -> Any:
+    """Register a data source: ``fn(options, seed) -> DataBundle``."""
+    return DATA_SOURCES.register(name, options, replace=replace)
+
+
+def register_metric(name: str, *, replace: bool = False) -> Any:
+    """Register ``fn(outputs, labels|None, baseline_outputs|None) -> dict | None`` as a metric."""
+    return METRICS.register(name, NoOptions, replace=replace)
+
+
 _plugins_loaded = False
 
 
@@ -77,3 +119,47 @@ def load_plugins() -> None:
         obj = ep.load()
         if callable(obj):
             obj()
+
+
+def resolve_callable(
+    target: str, what: str = "target", error: type[TorchtameError] = TorchtameError
+) -> Callable[..., Any]:
+    """Import ``package.module:attr`` or ``path/to/file.py:attr``; failures raise ``error``."""
+    if ":" not in target:
+        raise error(
+            f"{what} {target!r} is not of the form 'package.module:callable'",
+            hint="write e.g. 'torchtame.zoo:digits_cnn' or 'mymodels.py:build'",
+        )
+    module_name, _, attr = target.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise error(f"{what}: file {module_name!r} does not exist")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except TorchtameError:
+        raise
+    except ImportError as exc:
+        raise error(
+            f"{what} {target!r}: cannot import module {module_name!r} ({exc})",
+            hint="check the spelling and that the module is importable (PYTHONPATH)",
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(module) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3)
+            raise error(
+                f"{what} {target!r}: module {module_name!r} has no attribute {part!r}",
+                hint=f"did you mean {', '.join(close)}?" if close else None,
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise error(f"{what} {target!r} is not callable")
+    return obj

@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .errors import DataError
+from .options import TrainOptions
 from .progress import NullProgress, Progress
 
 
@@ -87,3 +88,29 @@ def train(
             epoch_losses.append(running / max(count, 1))
     model.eval().to("cpu")
     return {"steps": done, "epoch_losses": [round(v, 5) for v in epoch_losses]}
+
+
+def train_with_options(
+    model: nn.Module,
+    loader: DataLoader | None,
+    opts: TrainOptions,
+    *,
+    device: str,
+    seed: int,
+    progress: Progress | None,
+    description: str,
+) -> dict[str, Any]:
+    """:func:`train` with the recipe's training options (pre-training, fine-tuning)."""
+    return train(
+        model,
+        loader,
+        epochs=opts.epochs,
+        steps=opts.steps,
+        lr=opts.lr,
+        optimizer=opts.optimizer,
+        weight_decay=opts.weight_decay,
+        device=device,
+        seed=seed,
+        progress=progress,
+        description=description,
+    )

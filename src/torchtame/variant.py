@@ -7,13 +7,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
-from .data import DataBundle
+from .devices import training_device
 from .progress import NullProgress, Progress
+from .runtime import cuda_provider_available
+
+if TYPE_CHECKING:
+    from .data import DataBundle
 
 log = logging.getLogger("torchtame")
 
@@ -53,12 +57,43 @@ class Variant:
             return False, "cpu only (torch.ao quantized kernels run on the CPU)"
         if self.devices == "cuda_only" and not on_cuda:
             return False, "cuda only (float16 is slow or unsupported on the CPU)"
-        if self.kind == "onnx" and on_cuda:
-            from .onnx_runtime import cuda_provider_available
-
-            if not cuda_provider_available():
-                return False, "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+        if self.kind == "onnx" and on_cuda and not cuda_provider_available():
+            return False, "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
         return True, ""
+
+    def to_entry(self) -> dict[str, Any]:
+        """What results.json records of how the variant was made (no measurements)."""
+        return {
+            "name": self.name,
+            "pass": self.pass_name,
+            "from": self.parent,
+            "lineage": self.lineage,
+            "options": self.options,
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "quantized": self.quantized,
+            "backend": self.backend,
+            "input_dtype": str(self.input_dtype).removeprefix("torch."),
+            "device_policy": self.devices,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> Variant:
+        """The variant a results.json entry describes, without its module or file."""
+        return cls(
+            name=entry["name"],
+            pass_name=entry.get("pass", "baseline"),
+            parent=entry.get("from"),
+            lineage=list(entry.get("lineage", [])),
+            dtype=entry.get("dtype", "float32"),
+            input_dtype=getattr(torch, entry.get("input_dtype", "float32")),
+            devices=entry.get("device_policy", "any"),
+            quantized=entry.get("quantized", False),
+            backend=entry.get("backend"),
+            info=entry.get("info", {}),
+            options=entry.get("options"),
+        )
 
 
 @dataclass
@@ -67,7 +102,7 @@ class PassContext:
 
     parent: Variant
     data: DataBundle
-    example_input: torch.Tensor
+    example_input: Any
     seed: int
     work_dir: Path
     devices: list[str]
@@ -85,8 +120,6 @@ class PassContext:
     @property
     def train_device(self) -> str:
         """The device to train or fine-tune on: the first CUDA device if any, else the CPU."""
-        from .devices import training_device
-
         return training_device(self.devices)
 
 

@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader
 
 from ..errors import TorchtameError
 from ..onnx_runtime import compare_outputs
+from ..registry import METRICS, register_metric, resolve_callable
+from ..runtime import quantized_engine
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], dict[str, float] | None]
 
@@ -37,26 +39,19 @@ def _fidelity(logits: torch.Tensor, labels: torch.Tensor | None, ref: torch.Tens
     }
 
 
-METRICS: dict[str, MetricFn] = {"top1": _topk(1), "top5": _topk(5), "fidelity": _fidelity}
-
-
-def register_metric(name: str) -> Callable[[MetricFn], MetricFn]:
-    """Register ``fn(logits, labels|None, baseline_logits|None) -> dict | None`` as a metric."""
-
-    def decorator(fn: MetricFn) -> MetricFn:
-        METRICS[name] = fn
-        return fn
-
-    return decorator
+register_metric("top1")(_topk(1))
+register_metric("top5")(_topk(5))
+register_metric("fidelity")(_fidelity)
+_imported: dict[str, MetricFn] = {}
 
 
 def metric_fn(name: str) -> MetricFn:
     """A registered metric, or a ``module:callable`` imported on first use."""
-    if name not in METRICS:
-        from ..models import resolve_callable
-
-        METRICS[name] = resolve_callable(name, "evaluate.metrics")
-    return METRICS[name]
+    if name in METRICS:
+        return METRICS.get(name).fn
+    if name not in _imported:
+        _imported[name] = resolve_callable(name, "evaluate.metrics")
+    return _imported[name]
 
 
 def predict(
@@ -80,9 +75,7 @@ def top1_accuracy(
 ) -> float:
     """Top-1 accuracy in percent of ``module`` over a labelled loader (no autograd; quantized
     modules run under their ``backend`` engine)."""
-    from ..passes.quantize import engine
-
-    with engine(backend), torch.inference_mode():
+    with quantized_engine(backend), torch.inference_mode():
         logits, labels = predict(module, lambda x: x, loader)
     return 100.0 * (logits.argmax(1) == labels).float().mean().item()
 

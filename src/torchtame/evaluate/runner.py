@@ -8,10 +8,9 @@ from contextlib import contextmanager
 
 import torch
 
-from ..artifacts import no_mha_fastpath
 from ..errors import PassError
-from ..onnx_runtime import cuda_provider_available, run_session, session
-from ..passes.quantize import engine
+from ..onnx_runtime import run_session, session
+from ..runtime import cuda_provider_available, no_mha_fastpath, quantized_engine
 from ..variant import Variant
 
 Runner = Callable[[torch.Tensor], torch.Tensor]
@@ -57,7 +56,7 @@ def make_runner(
         # the fused Transformer fast path reads Linear weights as tensors and crashes on
         # dynamically quantized ones (whose weight is a method); their plain path runs them
         slow = no_mha_fastpath() if variant.quantized else contextlib.nullcontext()
-        with engine(variant.backend), slow:
+        with quantized_engine(variant.backend), slow:
             yield run, prepare
     finally:
         torch.set_num_threads(saved_threads)

@@ -10,12 +10,21 @@ from ..errors import PassError
 from ..variant import PassContext
 
 
-def require_float(ctx: PassContext, pass_name: str, hint: str) -> None:
-    """Refuse a parent that is quantized or an ONNX file: this pass needs a float torch module."""
-    if not ctx.parent.is_float:
-        raise PassError(
-            f"{pass_name} needs a float torch variant; {ctx.parent.name!r} is {ctx.parent.dtype}", hint=hint
-        )
+def require_float(
+    ctx: PassContext, pass_name: str, hint: str, *, float32: bool = False, allow_onnx: bool = False
+) -> None:
+    """Refuse a parent this pass cannot start from: quantized, ONNX (unless ``allow_onnx``), or
+    (with ``float32``) half precision. One wording for every pass."""
+    parent = ctx.parent
+    if allow_onnx and parent.kind == "onnx" and not parent.quantized:
+        return
+    ok = parent.is_float and (not float32 or parent.dtype == "float32")
+    if not ok:
+        what = "a float32" if float32 else "a float"
+        also = " or a float ONNX model" if allow_onnx else ""
+        got = "a quantized ONNX model" if parent.kind == "onnx" and parent.quantized else parent.dtype
+        got = "an ONNX model" if parent.kind == "onnx" and not parent.quantized else got
+        raise PassError(f"{pass_name} needs {what} torch variant{also}; {parent.name!r} is {got}", hint=hint)
 
 
 def match_modules(model: nn.Module, patterns: list[str], field: str = "pattern") -> list[str]:

@@ -1,4 +1,4 @@
-"""ONNX: export a variant, verify it (checker + onnxruntime parity), quantize it with onnxruntime."""
+"""ONNX export of a variant, verified with onnx.checker and by parity in onnxruntime."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from torch import nn
 from .._warnings import caught
 from ..errors import PassError, first_line
 from ..onnx_runtime import parity, session
-from ..recipe import Strict
+from ..options import Strict
+from ..registry import register_pass
+from ..runtime import quantized_engine
 from ..variant import PassContext, Variant
-from . import register_pass
-from .quantize import engine
+from ._select import require_float
 
 log = logging.getLogger("torchtame")
 TWO_GB = 2 * 1024**3
@@ -145,15 +146,17 @@ def export_onnx_pass(model: nn.Module | None, ctx: PassContext, opts: OnnxOption
     if model is None:
         raise PassError(f"{parent.name!r} is already an ONNX model", hint="export from a torch variant")
     if parent.dtype in ("float16", "bfloat16"):
-        raise PassError(
-            f"export of {parent.dtype} variants is not supported here",
-            hint="export the float32 variant; onnxruntime can convert precision afterwards",
+        require_float(
+            ctx,
+            "export.onnx",
+            "export the float32 variant; onnxruntime can convert precision afterwards",
+            float32=True,
         )
     path = ctx.work_dir / "model.onnx"
     example = ctx.example_input
     if opts.dynamic_batch and example.shape[0] == 1:
         example = example.repeat(2, *([1] * (example.dim() - 1)))
-    with engine(parent.backend):
+    with quantized_engine(parent.backend):
         info = export_onnx(model, example, path, opts, parent.quantized)
         if opts.verify:
             info["parity"] = verify(
@@ -165,108 +168,4 @@ def export_onnx_pass(model: nn.Module | None, ctx: PassContext, opts: OnnxOption
         dtype=parent.dtype,
         devices="any",
         info={**info, "opset": opts.opset},
-    )
-
-
-class OnnxQuantOptions(Strict):
-    mode: Literal["static", "dynamic"] = "static"
-    format: Literal["QDQ", "QOperator"] = "QDQ"
-    per_channel: bool = True
-    calibration_method: Literal["MinMax", "Entropy", "Percentile"] = "MinMax"
-    calibration_batches: int | None = Field(None, ge=1)
-    weight_type: Literal["int8", "uint8"] = "int8"
-    activation_type: Literal["int8", "uint8"] = "uint8"
-    preprocess: bool = Field(True, description="Run quant_pre_process (shape inference) first.")
-    reduce_range: bool = False
-    export: OnnxOptions = Field(
-        default_factory=OnnxOptions, description="Used when the source is a torch variant."
-    )
-
-
-class _Reader:
-    """onnxruntime CalibrationDataReader over the recipe's calibration loader."""
-
-    def __init__(self, loader: Any, input_name: str, batches: int | None) -> None:
-        self._it = iter(loader)
-        self.name = input_name
-        self.left = batches if batches is not None else len(loader)
-
-    def get_next(self) -> dict[str, Any] | None:
-        if self.left <= 0:
-            return None
-        batch = next(self._it, None)
-        if batch is None:
-            return None
-        self.left -= 1
-        return {self.name: batch[0].numpy()}
-
-
-@register_pass("quantize.onnx", OnnxQuantOptions)
-def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOptions) -> Variant:
-    """int8 quantization of an ONNX model with onnxruntime.quantization (static or dynamic)."""
-    import onnx
-    from onnxruntime import quantization as oq
-
-    parent = ctx.parent
-    ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    if parent.kind == "onnx":
-        assert parent.onnx_path is not None
-        source = parent.onnx_path
-    else:
-        if not parent.is_float or parent.dtype != "float32":
-            raise PassError(
-                f"quantize.onnx needs a float32 or ONNX variant; {parent.name!r} is {parent.dtype}"
-            )
-        assert model is not None
-        source = ctx.work_dir / "float.onnx"
-        example = ctx.example_input.repeat(2, *([1] * (ctx.example_input.dim() - 1)))
-        export_onnx(model, example, source, opts.export, quantized=False)
-    src_model = onnx.load(str(source))
-    input_name = src_model.graph.input[0].name
-    if opts.preprocess:
-        pre = ctx.work_dir / "preprocessed.onnx"
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-
-        with caught("quant_pre_process"):
-            quant_pre_process(str(source), str(pre), skip_symbolic_shape=False)
-        source = pre
-    out = ctx.work_dir / "model.onnx"
-    qtype = {"int8": oq.QuantType.QInt8, "uint8": oq.QuantType.QUInt8}
-    with caught("onnxruntime.quantization"):
-        if opts.mode == "dynamic":
-            oq.quantize_dynamic(
-                str(source),
-                str(out),
-                weight_type=qtype[opts.weight_type],
-                per_channel=opts.per_channel,
-                reduce_range=opts.reduce_range,
-            )
-        else:
-            oq.quantize_static(
-                str(source),
-                str(out),
-                _Reader(ctx.data.calibration, input_name, opts.calibration_batches),
-                quant_format=oq.QuantFormat.QDQ if opts.format == "QDQ" else oq.QuantFormat.QOperator,
-                per_channel=opts.per_channel,
-                reduce_range=opts.reduce_range,
-                weight_type=qtype[opts.weight_type],
-                activation_type=qtype[opts.activation_type],
-                calibrate_method=getattr(oq.CalibrationMethod, opts.calibration_method),
-            )
-    for tmp in ctx.work_dir.glob("*.onnx"):
-        if tmp != out:
-            tmp.unlink()
-    for tmp in ctx.work_dir.glob("*.onnx.data"):
-        tmp.unlink()
-    return ctx.variant(
-        None,
-        onnx_path=out,
-        dtype=f"onnx-{opts.mode}-int8",
-        quantized=True,
-        info={
-            "mode": opts.mode,
-            "format": opts.format,
-            "per_channel": opts.per_channel,
-            "calibration_method": opts.calibration_method if opts.mode == "static" else None,
-        },
     )

@@ -2,30 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field, model_validator
 from torch import nn
 
-from ..recipe import Strict
-from ..training import train
+from ..options import TrainOptions
+from ..registry import register_pass
+from ..training import train_with_options
 from ..variant import PassContext, Variant
-from . import register_pass
 from ._select import require_float
 
 
-class FinetuneOptions(Strict):
-    epochs: int | None = Field(3, ge=1)
-    steps: int | None = Field(None, ge=1, description="Optimizer steps instead of epochs.")
-    lr: float = Field(1e-3, gt=0)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    weight_decay: float = Field(0.0, ge=0)
+class FinetuneOptions(TrainOptions):
+    """Fine-tuning options (the shared training options)."""
 
-    @model_validator(mode="after")
-    def _steps(self) -> FinetuneOptions:
-        if self.steps is not None:
-            self.epochs = None
-        return self
+
+def train_with(model: nn.Module, ctx: PassContext, opts: TrainOptions, description: str, seed: int) -> dict:
+    """Train ``model`` in place on the context's train split with ``opts``; returns the stats."""
+    return train_with_options(
+        model,
+        ctx.data.train,
+        opts,
+        device=ctx.train_device,
+        seed=seed,
+        progress=ctx.progress,
+        description=description,
+    )
 
 
 @register_pass("finetune", FinetuneOptions)
@@ -33,17 +33,5 @@ def finetune(model: nn.Module | None, ctx: PassContext, opts: FinetuneOptions) -
     """Fine-tune a float variant with cross-entropy on the train split."""
     assert model is not None
     require_float(ctx, "finetune", "fine-tune before quantizing")
-    stats = train(
-        model.float(),
-        ctx.data.train,
-        epochs=opts.epochs,
-        steps=opts.steps,
-        lr=opts.lr,
-        optimizer=opts.optimizer,
-        weight_decay=opts.weight_decay,
-        device=ctx.train_device,
-        seed=ctx.seed,
-        progress=ctx.progress,
-        description=f"fine-tune {ctx.parent.name}",
-    )
+    stats = train_with(model.float(), ctx, opts, f"fine-tune {ctx.parent.name}", ctx.seed)
     return ctx.variant(model, info={"finetuned_from": ctx.parent.name, **stats})

@@ -15,11 +15,12 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..errors import PassError
-from ..recipe import Strict
-from ..training import train
+from ..evaluate.macs import count_macs_params
+from ..options import Strict, TrainOptions
+from ..registry import register_pass
 from ..variant import PassContext, Variant
-from . import register_pass
 from ._select import match_modules, require_float
+from .finetune import train_with
 
 Criterion = Literal["l1", "l2", "magnitude", "bn_scale", "taylor", "lamp", "fpgm", "random"]
 
@@ -35,11 +36,10 @@ class Target(Strict):
         return self
 
 
-class FinetuneBetween(Strict):
-    epochs: int | None = Field(None, ge=1)
-    steps: int | None = Field(None, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+class FinetuneBetween(TrainOptions):
+    """Training between iterative pruning steps (default: one epoch)."""
+
+    epochs: int | None = Field(None, ge=1, le=1000, description="Passes over the train split (default 1).")
 
 
 class PruneOptions(Strict):
@@ -87,15 +87,6 @@ def make_importance(name: str) -> Any:
         "fpgm": lambda: imp.FPGMImportance(p=2),
         "random": lambda: imp.RandomImportance(),
     }[name]()
-
-
-def count_macs_params(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
-    """MACs and parameters of a float model for one example batch (torch-pruning's counter)."""
-    import torch_pruning as tp
-
-    with torch.no_grad():
-        macs, params = tp.utils.count_ops_and_params(model, example)
-    return int(macs), int(params)
 
 
 def default_head(model: nn.Module, example: torch.Tensor) -> list[str]:
@@ -211,18 +202,8 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
             history.append({"step": step + 1, "macs": macs, "params": params})
             task.advance(1)
             if opts.finetune_between is not None and step + 1 < steps:
-                ft = opts.finetune_between
-                train(
-                    model,
-                    ctx.data.train,
-                    epochs=ft.epochs if ft.steps is None else None,
-                    steps=ft.steps,
-                    lr=ft.lr,
-                    optimizer=ft.optimizer,
-                    device=ctx.train_device,
-                    seed=ctx.seed + step,
-                    progress=ctx.progress,
-                    description=f"fine-tune between steps {step + 1}",
+                train_with(
+                    model, ctx, opts.finetune_between, f"fine-tune between steps {step + 1}", ctx.seed + step
                 )
             if opts.target is not None:
                 frac = macs / base_macs if opts.target.macs is not None else params / base_params

@@ -15,10 +15,12 @@ from pydantic import Field
 from torch import nn
 
 from ..errors import PassError, first_line
-from ..recipe import Strict
+from ..options import Strict
+from ..progress import NullProgress
+from ..registry import register_pass
+from ..runtime import check_backend, quantized_engine
 from ..variant import PassContext, Variant
-from . import register_pass
-from ._select import match_modules
+from ._select import match_modules, require_float
 
 DYNAMIC_TYPES: dict[str, type[nn.Module]] = {
     "Linear": nn.Linear,
@@ -29,42 +31,6 @@ DYNAMIC_TYPES: dict[str, type[nn.Module]] = {
     "RNNCell": nn.RNNCell,
 }
 Backend = Literal["x86", "fbgemm", "onednn", "qnnpack"]
-
-
-def default_backend() -> str:
-    engines = torch.backends.quantized.supported_engines
-    for name in ("x86", "fbgemm", "qnnpack", "onednn"):
-        if name in engines:
-            return name
-    raise PassError("this PyTorch build has no quantized engine", hint="install a standard build")
-
-
-def check_backend(backend: str | None) -> str:
-    """The engine to use, checked against what this PyTorch build supports."""
-    if backend is None:
-        return default_backend()
-    engines = [e for e in torch.backends.quantized.supported_engines if e != "none"]
-    if backend not in engines:
-        raise PassError(
-            f"quantization backend {backend!r} is not supported by this PyTorch build",
-            hint=f"use one of: {', '.join(engines)} (see `optimize env`)",
-        )
-    return backend
-
-
-class engine:
-    """Context manager: set torch's quantized engine, restore it afterwards."""
-
-    def __init__(self, name: str | None) -> None:
-        self.name = name
-        self.saved = torch.backends.quantized.engine
-
-    def __enter__(self) -> None:
-        if self.name:
-            torch.backends.quantized.engine = self.name
-
-    def __exit__(self, *exc: object) -> None:
-        torch.backends.quantized.engine = self.saved
 
 
 def _module_types(names: list[str]) -> list[type[nn.Module]]:
@@ -93,6 +59,7 @@ class DynamicOptions(Strict):
 def quantize_dynamic(model: nn.Module | None, ctx: PassContext, opts: DynamicOptions) -> Variant:
     """Dynamic quantization: int8 (or float16) weights, activations quantized at run time."""
     assert model is not None
+    require_float(ctx, "quantize.dynamic", "quantize a float variant (baseline, pruned, fine-tuned)")
     from torch.ao.quantization import default_dynamic_qconfig, float16_dynamic_qconfig, quantize_dynamic
 
     backend = check_backend(opts.backend)
@@ -108,7 +75,7 @@ def quantize_dynamic(model: nn.Module | None, ctx: PassContext, opts: DynamicOpt
             f"the model has no {'/'.join(opts.modules)} layer to quantize dynamically",
             hint="dynamic quantization targets Linear and RNN layers; for conv nets use quantize.static",
         )
-    with engine(backend):
+    with quantized_engine(backend):
         q = quantize_dynamic(model.eval(), spec, dtype=getattr(torch, opts.dtype))
     return ctx.variant(
         q,
@@ -160,8 +127,6 @@ def calibrate_loader(
     model: nn.Module, loader: Any, batches: int | None, progress: Any = None, description: str = "calibrate"
 ) -> int:
     """Run up to ``batches`` calibration batches through an observed model; returns how many."""
-    from ..progress import NullProgress
-
     total = len(loader) if batches is None else min(batches, len(loader))
     used = 0
     with torch.inference_mode(), (progress or NullProgress()).task(description, total=total) as task:
@@ -312,13 +277,14 @@ def _static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backe
 def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
     """Static int8 post-training quantization calibrated on the calibration split."""
     assert model is not None
-    if ctx.parent.quantized or ctx.parent.dtype != "float32":
-        raise PassError(
-            f"quantize.static needs a float32 variant, but {ctx.parent.name!r} is {ctx.parent.dtype}",
-            hint="start this step `from:` a float variant (baseline, pruned, fine-tuned)",
-        )
+    require_float(
+        ctx,
+        "quantize.static",
+        "start this step `from:` a float variant (baseline, pruned, fine-tuned)",
+        float32=True,
+    )
     backend = check_backend(opts.backend)
-    with engine(backend):
+    with quantized_engine(backend):
         fn = _static_fx if opts.mode == "fx" else _static_eager
         q = fn(model, ctx, opts, backend)
     batches = (
@@ -357,8 +323,7 @@ class HalfOptions(Strict):
 def quantize_half(model: nn.Module | None, ctx: PassContext, opts: HalfOptions) -> Variant:
     """Cast weights (and inputs) to float16 or bfloat16: GPU inference, bf16 also on CPU."""
     assert model is not None
-    if ctx.parent.quantized:
-        raise PassError("quantize.half needs a float variant", hint="start it `from: baseline`")
+    require_float(ctx, "quantize.half", "start it `from: baseline`")
     dtype = getattr(torch, opts.dtype)
     half = model.to(dtype)
     policy = "any" if (opts.dtype == "bfloat16" or opts.allow_cpu) else "cuda_only"

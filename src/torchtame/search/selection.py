@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import first_line
-from .recipe import Constraints
+from ..errors import first_line
+from ..recipe import Constraints
 
 MIB = 1024 * 1024
 

@@ -7,12 +7,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._warnings import caught
-from .data import DataBundle
-from .errors import first_line
-from .evaluate.accuracy import predict, top1_accuracy
-from .passes.quantize import StaticOptions, build_qconfig, calibrate_loader, check_backend, engine
-from .progress import NullProgress, Progress
+from .._warnings import caught
+from ..data import DataBundle
+from ..errors import first_line
+from ..evaluate.accuracy import predict, top1_accuracy
+from ..passes.prune import default_head, make_importance
+from ..passes.quantize import StaticOptions, build_qconfig, calibrate_loader
+from ..progress import NullProgress, Progress
+from ..runtime import check_backend, quantized_engine
 
 WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
@@ -25,7 +27,7 @@ def score(
     if data.has_labels:
         return top1_accuracy(module, data.evaluation, backend)
     assert reference is not None
-    with engine(backend), torch.inference_mode():
+    with quantized_engine(backend), torch.inference_mode():
         logits, _ = predict(module, lambda x: x, data.evaluation)
     return 100.0 * (logits.argmax(1) == reference.argmax(1)).float().mean().item()
 
@@ -66,7 +68,7 @@ def quantization_sensitivity(
     out = []
     with (
         caught("sensitivity"),
-        engine(backend),
+        quantized_engine(backend),
         progress.task("sensitivity: int8 per layer", len(layers)) as t,
     ):
         for name, kind in layers:
@@ -93,8 +95,6 @@ def pruning_sensitivity(
     import copy
 
     import torch_pruning as tp
-
-    from .passes.prune import default_head, make_importance
 
     progress = progress or NullProgress()
     example = data.example_input(1)

@@ -4,56 +4,69 @@
 (b) Build candidates: static int8 keeping the k most quantization-sensitive layers in float
     (k = 0, 1, ... until the accuracy constraint holds), pruning ratios on a grid or by bisection
     (optionally fine-tuned), and the best pruning candidate quantized as well.
-(c) :mod:`torchtame.selection` picks the fastest variant that meets every constraint.
-Every candidate is an ordinary variant: built, saved and measured like any step.
+(c) :mod:`torchtame.search.selection` picks the fastest variant that meets every constraint.
+Every candidate is an ordinary variant: built, saved and measured through the pipeline's public
+step interface (:class:`StepRunner`), like any recipe step.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .passes.finetune import FinetuneOptions
-from .passes.prune import PruneOptions
-from .passes.quantize import StaticOptions
+from ..passes.prune import PruneOptions
 from .selection import accuracy_drop
 from .sensitivity import pruning_sensitivity, quantization_sensitivity, score
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    import torch
+    from pydantic import BaseModel
+
+    from ..data import DataBundle
+    from ..progress import Progress
+    from ..recipe import Recipe
+    from ..variant import Variant
 
 log = logging.getLogger("torchtame")
 
 
-def _fits_accuracy(pipe: Pipeline, name: str) -> bool:
-    entry = pipe.entry(name)
-    if entry is None or entry["status"] != "ok":
+class StepRunner(Protocol):
+    """What the search needs from a pipeline: its inputs and a way to build and measure a step."""
+
+    recipe: Recipe
+    data: DataBundle
+    progress: Progress
+    variants: dict[str, Variant]
+    baseline_outputs: torch.Tensor | None
+
+    def entry(self, name: str) -> dict[str, Any] | None: ...
+
+    def run_step(self, name: str, pass_name: str, parent: str, options: BaseModel) -> dict[str, Any]: ...
+
+
+def _fits_accuracy(runner: StepRunner, entry: dict[str, Any]) -> bool:
+    if entry["status"] != "ok":
         return False
-    limit = pipe.recipe.constraints.max_accuracy_drop
+    limit = runner.recipe.constraints.max_accuracy_drop
     drop, _ = accuracy_drop(entry)
     return limit is None or (drop is not None and drop <= limit)
 
 
-def _step(pipe: Pipeline, name: str, pass_name: str, parent: str, options: Any) -> str:
-    pipe._run_step(name, pass_name, parent, options, len(pipe.results["variants"]))
-    return name
-
-
-def run_search(pipe: Pipeline) -> dict[str, Any]:
-    """Run the search on the pipeline's baseline; returns what results.json keeps under `search`."""
-    cfg = pipe.recipe.search
-    base = pipe.variants["baseline"]
+def run_search(runner: StepRunner) -> dict[str, Any]:
+    """Run the search on the baseline; returns what results.json keeps under ``search``."""
+    cfg = runner.recipe.search
+    base = runner.variants["baseline"]
     assert base.module is not None
-    data = pipe.data
-    reference = pipe.baseline_logits
+    data = runner.data
+    reference = runner.baseline_outputs
     info: dict[str, Any] = {"sensitivity": {}, "candidates": []}
-    qopts = StaticOptions.model_validate(cfg.quantize_options)
+    qopts = cfg.quantize_options
     if cfg.sensitivity:
-        pipe.progress.status("sensitivity analysis")
+        runner.progress.status("sensitivity analysis")
         base_score = score(base.module, data, reference)
         if cfg.quantize:
             info["sensitivity"]["quantize"] = quantization_sensitivity(
-                base.module, data, base_score, reference, qopts, pipe.progress
+                base.module, data, base_score, reference, qopts, runner.progress
             )
         if cfg.prune:
             info["sensitivity"]["prune"] = pruning_sensitivity(
@@ -62,8 +75,8 @@ def run_search(pipe: Pipeline) -> dict[str, Any]:
                 base_score,
                 reference,
                 cfg.sensitivity_prune_ratio,
-                str(cfg.prune_options.get("importance", "l2")),
-                pipe.progress,
+                cfg.prune_options.importance,
+                runner.progress,
             )
         info["sensitivity"]["basis"] = "top-1" if data.has_labels else "agreement with the baseline"
 
@@ -74,23 +87,26 @@ def run_search(pipe: Pipeline) -> dict[str, Any]:
             keep = ranked[:k]
             name = "search-int8" if k == 0 else f"search-int8-float{k}"
             opts = qopts.model_copy(update={"keep_float": [*qopts.keep_float, *keep]})
-            info["candidates"].append(_step(pipe, name, "quantize.static", "baseline", opts))
-            if _fits_accuracy(pipe, name):
+            entry = runner.run_step(name, "quantize.static", "baseline", opts)
+            info["candidates"].append(name)
+            if _fits_accuracy(runner, entry):
                 break
             log.info("%s misses the accuracy constraint; keeping one more sensitive layer in float", name)
 
     best_pruned = None
     if cfg.prune:
-        ft = FinetuneOptions.model_validate(cfg.finetune) if cfg.finetune is not None else None
+        ft = cfg.finetune
+        base_prune = cfg.prune_options.model_dump(exclude_unset=True)
 
         def candidate(ratio: float) -> tuple[str, bool]:
             name = f"search-pruned-{ratio * 100:.3g}"
-            opts = PruneOptions.model_validate({**cfg.prune_options, "ratio": ratio})
-            _step(pipe, name, "prune.structured", "baseline", opts)
+            opts = PruneOptions.model_validate({**base_prune, "ratio": ratio})
+            entry = runner.run_step(name, "prune.structured", "baseline", opts)
             if ft is not None:
-                name = _step(pipe, f"{name}-ft", "finetune", name, ft)
+                name = f"{name}-ft"
+                entry = runner.run_step(name, "finetune", entry["name"], ft)
             info["candidates"].append(name)
-            return name, _fits_accuracy(pipe, name)
+            return name, _fits_accuracy(runner, entry)
 
         if cfg.prune_search == "grid":
             for ratio in sorted(cfg.prune_ratios):
@@ -110,6 +126,11 @@ def run_search(pipe: Pipeline) -> dict[str, Any]:
 
     if cfg.combine and cfg.quantize and best_pruned is not None:
         opts = qopts.model_copy(update={"keep_float": [*qopts.keep_float, *keep]})
-        info["candidates"].append(_step(pipe, f"{best_pruned}-int8", "quantize.static", best_pruned, opts))
+        name = f"{best_pruned}-int8"
+        runner.run_step(name, "quantize.static", best_pruned, opts)
+        info["candidates"].append(name)
     info["kept_float"] = keep
     return info
+
+
+__all__ = ["StepRunner", "run_search"]

@@ -1,0 +1,75 @@
+"""Option base classes and the option models several passes and sources share.
+
+Nothing here imports the rest of the package: passes, sources and the recipe build on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+"""A path in a recipe; ``~`` is expanded."""
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+
+
+class Strict(BaseModel):
+    """Base of every recipe section and options model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class NoOptions(Strict):
+    """For registered items that take no options."""
+
+
+class TrainOptions(Strict):
+    """How to train: the one training options model (pre-training, fine-tuning, between steps)."""
+
+    epochs: int | None = Field(3, ge=1, le=1000, description="Passes over the train split.")
+    steps: int | None = Field(None, ge=1, description="Optimizer steps instead of epochs.")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (one-cycle schedule).")
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    weight_decay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainOptions:
+        if self.steps is not None:
+            self.epochs = None
+        return self
+
+
+class PretrainOptions(TrainOptions):
+    """Train the model on the data's train split before optimizing (cached by content hash)."""
+
+    epochs: int | None = Field(10, ge=1, le=1000, description="Passes over the train split.")
+    lr: float = Field(2e-3, gt=0, description="Peak learning rate (one-cycle schedule).")
+    cache: bool = Field(True, description="Reuse a model trained earlier with the same recipe and seed.")
+
+
+class ModelSourceOptions(Strict):
+    """Fields every model source accepts."""
+
+    input_shape: list[int] | None = Field(
+        None,
+        description="Shape of one input batch the model expects, e.g. [1, 3, 224, 224]; checked against "
+        "the data's samples before any work (the batch dimension may be anything).",
+    )
+    train: PretrainOptions | None = Field(
+        None, description="Train on the spot before optimizing (small models, quickstart)."
+    )
+
+
+class DataSourceOptions(Strict):
+    """Fields every data source accepts."""
+
+    batch_size: int = Field(32, ge=1)
+    calibration_batches: int | None = Field(
+        None, ge=1, description="Use at most this many calibration batches (default: all)."
+    )
+    evaluation_batches: int | None = Field(
+        None, ge=1, description="Use at most this many evaluation batches (default: all)."
+    )

@@ -1,0 +1,118 @@
+"""int8 quantization of ONNX models with onnxruntime.quantization (static QDQ/QOperator, dynamic)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+from torch import nn
+
+from .._warnings import caught
+from ..options import Strict
+from ..registry import register_pass
+from ..variant import PassContext, Variant
+from ._select import require_float
+from .export import OnnxOptions, export_onnx
+
+
+class OnnxQuantOptions(Strict):
+    mode: Literal["static", "dynamic"] = "static"
+    format: Literal["QDQ", "QOperator"] = "QDQ"
+    per_channel: bool = True
+    calibration_method: Literal["MinMax", "Entropy", "Percentile"] = "MinMax"
+    calibration_batches: int | None = Field(None, ge=1)
+    weight_type: Literal["int8", "uint8"] = "int8"
+    activation_type: Literal["int8", "uint8"] = "uint8"
+    preprocess: bool = Field(True, description="Run quant_pre_process (shape inference) first.")
+    reduce_range: bool = False
+    export: OnnxOptions = Field(
+        default_factory=OnnxOptions, description="Used when the source is a torch variant."
+    )
+
+
+class _Reader:
+    """onnxruntime CalibrationDataReader over the recipe's calibration loader."""
+
+    def __init__(self, loader: Any, input_name: str, batches: int | None) -> None:
+        self._it = iter(loader)
+        self.name = input_name
+        self.left = batches if batches is not None else len(loader)
+
+    def get_next(self) -> dict[str, Any] | None:
+        if self.left <= 0:
+            return None
+        batch = next(self._it, None)
+        if batch is None:
+            return None
+        self.left -= 1
+        return {self.name: batch[0].numpy()}
+
+
+@register_pass("quantize.onnx", OnnxQuantOptions)
+def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOptions) -> Variant:
+    """int8 quantization of an ONNX model with onnxruntime.quantization (static or dynamic)."""
+    import onnx
+    from onnxruntime import quantization as oq
+
+    parent = ctx.parent
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    require_float(
+        ctx, "quantize.onnx", "start from a float32 variant or its ONNX twin", float32=True, allow_onnx=True
+    )
+    if parent.kind == "onnx":
+        assert parent.onnx_path is not None
+        source = parent.onnx_path
+    else:
+        assert model is not None
+        source = ctx.work_dir / "float.onnx"
+        example = ctx.example_input.repeat(2, *([1] * (ctx.example_input.dim() - 1)))
+        export_onnx(model, example, source, opts.export, quantized=False)
+    src_model = onnx.load(str(source))
+    input_name = src_model.graph.input[0].name
+    if opts.preprocess:
+        pre = ctx.work_dir / "preprocessed.onnx"
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        with caught("quant_pre_process"):
+            quant_pre_process(str(source), str(pre), skip_symbolic_shape=False)
+        source = pre
+    out = ctx.work_dir / "model.onnx"
+    qtype = {"int8": oq.QuantType.QInt8, "uint8": oq.QuantType.QUInt8}
+    with caught("onnxruntime.quantization"):
+        if opts.mode == "dynamic":
+            oq.quantize_dynamic(
+                str(source),
+                str(out),
+                weight_type=qtype[opts.weight_type],
+                per_channel=opts.per_channel,
+                reduce_range=opts.reduce_range,
+            )
+        else:
+            oq.quantize_static(
+                str(source),
+                str(out),
+                _Reader(ctx.data.calibration, input_name, opts.calibration_batches),
+                quant_format=oq.QuantFormat.QDQ if opts.format == "QDQ" else oq.QuantFormat.QOperator,
+                per_channel=opts.per_channel,
+                reduce_range=opts.reduce_range,
+                weight_type=qtype[opts.weight_type],
+                activation_type=qtype[opts.activation_type],
+                calibrate_method=getattr(oq.CalibrationMethod, opts.calibration_method),
+            )
+    for tmp in ctx.work_dir.glob("*.onnx"):
+        if tmp != out:
+            tmp.unlink()
+    for tmp in ctx.work_dir.glob("*.onnx.data"):
+        tmp.unlink()
+    return ctx.variant(
+        None,
+        onnx_path=out,
+        dtype=f"onnx-{opts.mode}-int8",
+        quantized=True,
+        info={
+            "mode": opts.mode,
+            "format": opts.format,
+            "per_channel": opts.per_channel,
+            "calibration_method": opts.calibration_method if opts.mode == "static" else None,
+        },
+    )

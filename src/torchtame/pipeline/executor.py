@@ -1,0 +1,146 @@
+"""Build one variant from a pass: the one step executor the pipeline, the search (through the
+pipeline's ``run_step``) and :func:`apply_pass` share."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from .._warnings import caught
+from ..data import DataBundle
+from ..errors import TorchtameError
+from ..progress import NullProgress, Progress
+from ..registry import PASSES
+from ..runtime import seed_everything
+from ..variant import PassContext, Variant, clone_module
+
+log = logging.getLogger("torchtame")
+
+
+def options_json(options: Any) -> Any:
+    """Pass options in the JSON form results.json records (and resume compares)."""
+    return options.model_dump(mode="json") if isinstance(options, BaseModel) else options
+
+
+@dataclass
+class StepInputs:
+    """What every step of a run shares: data, example input, devices, the variants built so far."""
+
+    data: DataBundle
+    example: Any
+    devices: list[str]
+    variants: dict[str, Variant]
+    progress: Progress = field(default_factory=NullProgress)
+
+
+def execute_pass(
+    name: str,
+    pass_name: str,
+    parent: Variant,
+    options: Any,
+    inputs: StepInputs,
+    seed: int,
+    work_dir: Path,
+    warns: Counter[str] | None = None,
+) -> Variant:
+    """Apply a registered pass to a copy of ``parent`` and name the result ``name``.
+
+    Library warnings are counted into ``warns``. Errors propagate: :func:`build_step` records
+    them, :func:`apply_pass` raises them.
+    """
+    entry = PASSES.get(pass_name)
+    seed_everything(seed)
+    ctx = PassContext(
+        parent=parent,
+        data=inputs.data,
+        example_input=inputs.example,
+        seed=seed,
+        work_dir=work_dir,
+        devices=inputs.devices,
+        baseline=inputs.variants.get("baseline", parent),
+        variants=inputs.variants,
+        progress=inputs.progress,
+    )
+    with caught(pass_name, warns if warns is not None else Counter()):
+        model = clone_module(parent.module) if parent.module is not None else None
+        made = entry.fn(model, ctx, options)
+    made.name = name
+    made.pass_name, made.parent, made.lineage = pass_name, parent.name, [*parent.lineage, name]
+    made.options = options_json(options)
+    return made
+
+
+@dataclass
+class Built:
+    """The outcome of one step: a variant, or the error that stopped it."""
+
+    variant: Variant | None
+    error: str | None
+    warnings: Counter[str]
+
+
+def describe_failure(exc: BaseException, pass_name: str) -> str:
+    """The message results.json records for a pass that raised ``exc``."""
+    if isinstance(exc, TorchtameError):
+        return str(exc)
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return (
+            f"out of memory in {pass_name}: {str(exc).strip()[:300]}; lower data.batch_size or "
+            "evaluate.latency.batch_sizes, or run this step on a machine with more memory"
+        )
+    log.debug("%s failed:\n%s", pass_name, traceback.format_exc())
+    return f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+
+
+def build_step(
+    name: str, pass_name: str, parent: Variant, options: Any, inputs: StepInputs, seed: int, work_dir: Path
+) -> Built:
+    """:func:`execute_pass`, with every failure (but Ctrl-C) turned into a recorded error."""
+    inputs.progress.status(f"{name}: {pass_name}")
+    warns: Counter[str] = Counter()
+    try:
+        made = execute_pass(name, pass_name, parent, options, inputs, seed, work_dir, warns)
+    except Exception as exc:
+        return Built(None, describe_failure(exc, pass_name), warns)
+    return Built(made, None, warns)
+
+
+def apply_pass(
+    name: str,
+    model: torch.nn.Module | Variant,
+    data: DataBundle,
+    options: dict[str, Any] | BaseModel | None = None,
+    *,
+    work_dir: str | Path | None = None,
+    seed: int = 0,
+    devices: list[str] | None = None,
+    progress: Progress | None = None,
+) -> Variant:
+    """Apply one registered pass outside a recipe; the input model is not changed.
+
+    >>> v = apply_pass("quantize.static", model, data, {"backend": "x86"})  # doctest: +SKIP
+    """
+    entry = PASSES.get(name)
+    opts = options if isinstance(options, BaseModel) else entry.options.model_validate(options or {})
+    parent = model if isinstance(model, Variant) else Variant(name="input", module=model, lineage=["input"])
+    work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="torchtame-"))
+    work.mkdir(parents=True, exist_ok=True)
+    inputs = StepInputs(
+        data=data,
+        example=data.example_input(1),
+        devices=devices or ["cpu"],
+        variants={parent.name: parent},
+        progress=progress or NullProgress(),
+    )
+    return execute_pass(name, name, parent, opts, inputs, seed, work)
+
+
+__all__ = ["Built", "StepInputs", "apply_pass", "build_step", "execute_pass"]

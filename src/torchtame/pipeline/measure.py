@@ -1,0 +1,130 @@
+"""Measure one built variant: size, parameters and MACs, accuracy/fidelity, latency per device."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import DataBundle
+from ..devices import DeviceChoice
+from ..evaluate import evaluate_accuracy, make_runner, measure_latency, predict
+from ..evaluate.macs import count_macs_params
+from ..evaluate.size import module_params, onnx_params, size_report
+from ..progress import NullProgress, Progress
+from ..recipe import EvaluateConfig
+from ..variant import Variant
+
+log = logging.getLogger("torchtame")
+
+
+@dataclass
+class Measurer:
+    """Measures every variant of a run the same way; keeps the baseline's outputs for fidelity."""
+
+    config: EvaluateConfig
+    data: DataBundle
+    choices: list[DeviceChoice]
+    example: Any
+    progress: Progress = field(default_factory=NullProgress)
+    baseline_outputs: torch.Tensor | None = None
+    baseline_accuracy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> list[str]:
+        return [c.device for c in self.choices if c.device is not None]
+
+    def measure(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
+        """Size, accuracy on the first device it runs on, latency on every device and batch."""
+        out: dict[str, Any] = {"size": self._size(v, files, parent_entry)}
+        runnable = [d for d in self.devices if v.runs_on(d)[0]]
+        out["skipped_devices"] = [
+            {"device": d, "reason": v.runs_on(d)[1]} for d in self.devices if d not in runnable
+        ] + [{"device": c.requested, "reason": c.reason} for c in self.choices if not c.available]
+        out["accuracy"] = None
+        out["latency"] = []
+        lat = self.config.latency
+        # one runner (one onnxruntime session) per device: accuracy on the first device the variant
+        # runs on, then latency on every device, at every batch size
+        for device in runnable:
+            with make_runner(v, device, lat.threads, lat.inference_mode, lat.onnx_graph_optimization) as (
+                run,
+                prepare,
+            ):
+                if device == runnable[0]:
+                    self.progress.status(f"{v.name}: accuracy on {device}")
+                    outputs, labels = predict(run, prepare, self.data.evaluation)
+                    out["accuracy"] = self.accuracy(v.name, outputs, labels, device)
+                if not lat.enabled:
+                    continue
+                for bs in lat.batch_sizes:
+                    self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
+                    out["latency"].append(self._latency(v, run, prepare(self.data.example_input(bs)), device))
+        return out
+
+    def _size(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
+        if v.kind == "onnx":
+            assert v.onnx_path is not None
+            params = onnx_params(v.onnx_path)
+        else:
+            assert v.module is not None
+            params = module_params(v.module)
+        macs = None
+        if self.config.macs:
+            if v.is_float and v.module is not None and v.dtype == "float32":
+                try:
+                    macs = count_macs_params(v.module, self.example)[0]
+                except Exception as exc:
+                    log.debug("MACs of %s not counted: %s", v.name, exc)
+            elif parent_entry is not None:
+                macs = (parent_entry.get("size") or {}).get("macs")
+        return size_report(params, files, macs)
+
+    def _latency(self, v: Variant, run: Any, x: Any, device: str) -> dict[str, Any]:
+        lat = self.config.latency
+        stats = measure_latency(
+            run,
+            x,
+            device=device,
+            warmup=lat.warmup,
+            min_runs=lat.min_runs,
+            min_time_s=lat.min_time_s,
+            max_runs=lat.max_runs,
+            threads=lat.threads,
+            dtype=v.dtype,
+        )
+        d = stats.to_dict()
+        d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
+        if v.kind == "onnx":
+            d["graph_optimization"] = lat.onnx_graph_optimization
+        return d
+
+    def accuracy(self, name: str, outputs: torch.Tensor, labels: torch.Tensor, device: str) -> dict[str, Any]:
+        """The recipe's metrics for one variant's outputs, with drops against the baseline."""
+        is_base = name == "baseline"
+        if is_base:
+            self.baseline_outputs = outputs
+        acc = evaluate_accuracy(
+            outputs,
+            labels if self.data.has_labels else None,
+            None if is_base else self.baseline_outputs,
+            self.config.metrics,
+        )
+        base_acc = acc if is_base else self.baseline_accuracy
+        for k in ("top1", "top5"):
+            if k in acc and k in base_acc:
+                acc[f"{k}_drop"] = round(base_acc[k] - acc[k], 3)
+        acc["device"] = device
+        if is_base:
+            self.baseline_accuracy = acc
+        return acc
+
+    def restore_baseline(self, baseline: Variant, entry: dict[str, Any]) -> None:
+        """Recompute the baseline's outputs (fidelity of the variants still to build needs them)."""
+        device = (entry.get("accuracy") or {}).get("device", "cpu")
+        with make_runner(baseline, device if device in self.devices else "cpu") as (run, prepare):
+            self.baseline_outputs, _ = predict(run, prepare, self.data.evaluation)
+        self.baseline_accuracy = entry.get("accuracy") or {}

@@ -1,0 +1,74 @@
+"""Torch runtime switches shared across the package: quantized engines, seeding, fast paths.
+
+Nothing here imports the rest of the package except :mod:`torchtame.errors`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from .errors import PassError
+
+
+def default_backend() -> str:
+    """The best quantized engine this PyTorch build offers (x86 first)."""
+    engines = torch.backends.quantized.supported_engines
+    for name in ("x86", "fbgemm", "qnnpack", "onednn"):
+        if name in engines:
+            return name
+    raise PassError("this PyTorch build has no quantized engine", hint="install a standard build")
+
+
+def check_backend(backend: str | None) -> str:
+    """The engine to use, checked against what this PyTorch build supports."""
+    if backend is None:
+        return default_backend()
+    engines = [e for e in torch.backends.quantized.supported_engines if e != "none"]
+    if backend not in engines:
+        raise PassError(
+            f"quantization backend {backend!r} is not supported by this PyTorch build",
+            hint=f"use one of: {', '.join(engines)} (see `optimize env`)",
+        )
+    return backend
+
+
+@contextmanager
+def quantized_engine(name: str | None) -> Iterator[None]:
+    """Set torch's quantized engine for the block (no change when ``name`` is None)."""
+    saved = torch.backends.quantized.engine
+    if name:
+        torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = saved
+
+
+@contextmanager
+def no_mha_fastpath() -> Iterator[None]:
+    """Run Transformer layers on their plain path (the fast path rejects quantized Linears)."""
+    saved = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(saved)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def cuda_provider_available() -> bool:
+    """Whether onnxruntime can run on CUDA here (onnxruntime-gpu installed, a GPU present)."""
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
