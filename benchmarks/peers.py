@@ -31,7 +31,7 @@ from torch import nn
 
 from torchtame.data import DataBundle, DigitsData, SyntheticData, load_data
 from torchtame.evaluate.latency import measure_latency
-from torchtame.onnx_runtime import run_session, session
+from torchtame.onnx_runtime import session_output, session
 from torchtame.pipeline import apply_pass
 from torchtame.runtime import no_mha_fastpath, quantized_engine
 from torchtame.training import train
@@ -198,7 +198,7 @@ def direct_ort_static(fp32_path: Path, data: DataBundle, out: Path) -> Path:
 
 def ort_fn(path: Path) -> Any:
     sess = session(path, "cpu", torch.get_num_threads())
-    return lambda x: run_session(sess, x)
+    return lambda x: session_output(sess, x)
 
 
 def bench_vision(

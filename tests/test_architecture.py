@@ -28,6 +28,8 @@ FLOORS = {
         "variant",
         "devices",
         "progress",
+        "inputs",
+        "optional",
     ],
     2: [
         "recipe",
@@ -194,6 +196,8 @@ EXAMPLES = {
     ("data", "torchvision"): {"name": "MNIST", "root": "datasets"},
     ("data", "synthetic"): {"shape": [3, 8, 8]},
     ("data", "imagefolder"): {"root": "images"},
+    ("model", "transformers"): {"path": "models/bert"},
+    ("data", "text"): {"path": "texts.txt", "tokenizer": "models/bert"},
 }
 
 REGISTRIES = [("pass", PASSES, "pass"), ("model", MODEL_SOURCES, "source"), ("data", DATA_SOURCES, "source")]

@@ -130,7 +130,7 @@ def test_python_callable_dataset_and_dict() -> None:
     ("target", "needle"),
     [
         ("tests.test_data:make_empty", "empty"),
-        ("tests.test_data:make_not_data", "not a Dataset"),
+        ("tests.test_data:make_not_data", "not tensors"),
         ("tests.test_data:nothing_here", "no attribute"),
     ],
 )
@@ -203,3 +203,122 @@ def test_torchvision_dataset_missing_or_unknown(tmp_path: Path) -> None:
         load_data(TorchvisionData(source="torchvision", name="MNIST", root=tmp_path), 0)
     with pytest.raises(DataError, match="FashionMNIST"):
         load_data(TorchvisionData(source="torchvision", name="FashonMNIST", root=tmp_path), 0)
+
+
+# ------------------------------------------------------------------ samples of any common shape
+
+
+def _ids(n: int = 12, length: int = 6) -> torch.Tensor:
+    return torch.randint(0, 30, (n, length), generator=torch.Generator().manual_seed(0))
+
+
+def tensor_rows():
+    return TensorDataset(_ids())  # one-element tuples
+
+
+def plain_tensors():
+    return list(_ids())  # a list of tensors, no labels
+
+
+def id_mask_pairs():
+    ids = _ids()
+    return TensorDataset(ids, torch.ones_like(ids))  # two inputs, no label
+
+
+def id_mask_label():
+    ids = _ids()
+    return TensorDataset(ids, torch.ones_like(ids), torch.arange(12) % 2)
+
+
+def dict_rows_with_labels():
+    return [
+        {"input_ids": i, "attention_mask": torch.ones_like(i), "labels": j % 2} for j, i in enumerate(_ids())
+    ]
+
+
+def list_rows():  # Hugging Face datasets without set_format('torch'): lists of ints
+    return [{"input_ids": i.tolist(), "label": j % 3} for j, i in enumerate(_ids())]
+
+
+def columns():
+    ids = _ids()
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "label": torch.arange(12) % 2}
+
+
+def float_target():
+    return TensorDataset(torch.randn(12, 4), torch.randn(12))
+
+
+@pytest.mark.parametrize(
+    ("target", "label", "structure", "has_labels"),
+    [
+        ("tensor_rows", "auto", "tensor", False),
+        ("plain_tensors", "auto", "tensor", False),
+        ("id_mask_pairs", "auto", "tuple", False),
+        ("id_mask_label", "auto", "tuple", True),
+        ("id_mask_label", "none", "tuple3", False),
+        ("dict_rows_with_labels", "auto", "dict", True),
+        ("list_rows", "auto", "dict1", True),
+        ("columns", "auto", "dict", True),
+        ("columns", "none", "dict3", False),
+        ("float_target", "last", "tensor", None),
+        ("float_target", "none", "tuple", False),
+    ],
+)
+def test_python_data_takes_every_natural_shape(target, label, structure, has_labels) -> None:
+    spec = PythonData(source="python", target=f"tests.test_data:{target}", label=label, batch_size=4)
+    if has_labels is None:  # a float scalar cannot be a class index
+        with pytest.raises(DataError, match="not a class index"):
+            load_data(spec, 0)
+        return
+    d = load_data(spec, 0)
+    x, y = next(iter(d.evaluation))
+    assert d.has_labels is has_labels and y.dtype == torch.int64
+    kinds = {
+        "tensor": lambda x: isinstance(x, torch.Tensor),
+        "tuple": lambda x: isinstance(x, list | tuple) and len(x) == 2,
+        "tuple3": lambda x: isinstance(x, list | tuple) and len(x) == 3,
+        "dict": lambda x: isinstance(x, dict) and set(x) == {"input_ids", "attention_mask"},
+        "dict1": lambda x: isinstance(x, dict) and set(x) == {"input_ids"},
+        "dict3": lambda x: isinstance(x, dict) and len(x) == 3,
+    }
+    assert kinds[structure](x), x
+    ids = x["input_ids"] if isinstance(x, dict) else x[0] if isinstance(x, list | tuple) else x
+    if target != "float_target":
+        assert ids.dtype == torch.int64  # token ids keep their dtype
+
+
+def test_ambiguous_float_scalar_names_the_field() -> None:
+    with pytest.raises(DataError) as info:
+        load_data(PythonData(source="python", target="tests.test_data:float_target"), 0)
+    assert "label: none" in str(info.value) and "label: last" in str(info.value)
+
+
+def test_label_rule_mismatches_are_named() -> None:
+    with pytest.raises(DataError, match="no key 'target'"):
+        load_data(PythonData(source="python", target="tests.test_data:columns", label="target"), 0)
+    with pytest.raises(DataError, match="needs tuple samples"):
+        load_data(
+            PythonData(source="python", target="tests.test_data:dict_rows_with_labels", label="last"), 0
+        )
+    with pytest.raises(DataError, match="out of range"):
+        load_data(PythonData(source="python", target="tests.test_data:id_mask_label", label=5), 0)
+
+
+def test_example_input_repeats_structures() -> None:
+    d = load_data(
+        PythonData(source="python", target="tests.test_data:dict_rows_with_labels", batch_size=4), 0
+    )
+    x = d.example_input(10)
+    assert set(x) == {"input_ids", "attention_mask"} and x["input_ids"].shape == (10, 6)
+    assert x["input_ids"].dtype == torch.int64
+    assert d.input_description == "input_ids: int64[1, 6], attention_mask: int64[1, 6]"
+
+
+def ragged():
+    return [torch.zeros(3 + i % 2) for i in range(8)]
+
+
+def test_ragged_samples_say_how_to_pad() -> None:
+    with pytest.raises(DataError, match="padding: max_length"):
+        load_data(PythonData(source="python", target="tests.test_data:ragged", batch_size=4), 0)

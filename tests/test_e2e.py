@@ -110,17 +110,24 @@ def test_cli_strict_exits_1_on_failed_variant(tmp_path: Path) -> None:
     assert "1 variant(s) failed" in proc.stderr
 
 
-def test_synthetic_data_reports_accuracy_as_not_measured(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("task", "fidelity"), [("auto", "cosine_similarity"), ("classification", "top1_agreement")]
+)
+def test_synthetic_data_reports_accuracy_as_not_measured(tmp_path: Path, task: str, fidelity: str) -> None:
+    """Without labels accuracy is not measured; fidelity is: cosine by default (an unlabelled
+    output may be an embedding), top-1 agreement when the recipe says the output is class scores."""
     recipe = tiny_recipe(
         tmp_path,
         data={"source": "synthetic", "shape": [1, 8, 8], "num_samples": 32, "batch_size": 16},
         steps=[{"name": "int8", "pass": "quantize.dynamic"}],
+        evaluate={"task": task, "latency": {"batch_sizes": [1], "warmup": 1, "min_runs": 3, "min_time_s": 0}},
     )
     recipe["model"].pop("train")
     result = run(recipe)
     base, q = result.variant("baseline"), result.variant("int8")
     assert "top1" not in base["accuracy"] and "top1" not in q["accuracy"]
-    assert q["accuracy"]["top1_agreement"] >= 90
+    assert result.results["settings"]["task"] == ("features" if task == "auto" else "classification")
+    assert q["accuracy"][fidelity] >= (90 if fidelity == "top1_agreement" else 0.9)
     assert "not measured" in (result.run_dir / "report.md").read_text()
 
 

@@ -35,3 +35,8 @@ def test_example_runs(path: Path, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip()
+    if path.name == "huggingface_local.py":  # every variant built, bf16 faithful, integer inputs named
+        assert "failed" not in proc.stdout
+        assert "input_ids: int64[1, 16]" in proc.stdout
+        bf16 = next(line for line in proc.stdout.splitlines() if line.startswith("bf16"))
+        assert float(bf16.split()[2]) >= 0.999

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from torchtame import PassError, apply_pass
-from torchtame.onnx_runtime import run_session, session
+from torchtame.onnx_runtime import session, session_output
 from torchtame.passes.export import OnnxOptions, merge_external_data, verify
 
 
@@ -45,7 +45,7 @@ def test_export_conv_with_parity(trained_cnn, digits, exporter, tmp_path: Path) 
     # dynamic batch axis: any batch size runs
     sess = session(v.onnx_path)
     for bs in (1, 7):
-        assert tuple(run_session(sess, digits.example_input(bs)).shape) == (bs, 10)
+        assert tuple(session_output(sess, digits.example_input(bs)).shape) == (bs, 10)
 
 
 def test_export_transformer_with_parity(digits, tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_external_data_is_merged(trained_cnn, tmp_path: Path) -> None:
     sess = session(path)
     x = torch.rand(2, 1, 8, 8)
     with torch.no_grad():
-        assert torch.allclose(run_session(sess, x), trained_cnn(x), atol=1e-4)
+        assert torch.allclose(session_output(sess, x), trained_cnn(x), atol=1e-4)
 
 
 def test_injected_mismatch_fails_parity(trained_cnn, digits, tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_ort_static_int8_is_small_and_agrees(trained_cnn, digits, tmp_path: Path
     assert q.onnx_path.stat().st_size <= 0.3 * fp32.onnx_path.stat().st_size
     sess_q, sess_f = session(q.onnx_path), session(fp32.onnx_path)
     x = next(iter(digits.evaluation))[0]
-    agree = (run_session(sess_q, x).argmax(1) == run_session(sess_f, x).argmax(1)).float().mean()
+    agree = (session_output(sess_q, x).argmax(1) == session_output(sess_f, x).argmax(1)).float().mean()
     assert agree >= 0.95
 
 
@@ -108,7 +108,7 @@ def test_ort_quantization_options(trained_cnn, digits, options, tmp_path: Path) 
     x = next(iter(digits.evaluation))[0]
     with torch.no_grad():
         ref = trained_cnn(x).argmax(1)
-    assert (run_session(sess, x).argmax(1) == ref).float().mean() >= 0.9
+    assert (session_output(sess, x).argmax(1) == ref).float().mean() >= 0.9
     assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
 
 

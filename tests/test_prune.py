@@ -119,22 +119,61 @@ def test_pruned_model_reloads_with_equal_outputs(trained_cnn, digits, tmp_path: 
     assert again.features[0].out_channels == 8
 
 
-def test_attention_layer_is_named(digits) -> None:
-    class Attn(nn.Module):
+def test_multihead_attention_keeps_heads_and_prunes_the_ffn(digits) -> None:
+    """nn.MultiheadAttention ties its heads to the model width: torch-pruning keeps them whole and
+    prunes the feed-forward channels consistently; the pruned model runs."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 64, dropout=0.0, batch_first=True)
+    model = nn.Sequential(
+        nn.Flatten(1),
+        nn.Unflatten(1, (8, 8)),
+        nn.Linear(8, 16),
+        nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+    )
+
+    class Head(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.proj = nn.Linear(8, 16)
-            self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
-            self.head = nn.Linear(16, 10)
+            self.body, self.head = model, nn.Linear(16, 10)
 
         def forward(self, x):
-            t = self.proj(x.reshape(x.shape[0], 8, 8))
-            t, _ = self.attn(t, t, t)
-            return self.head(t.mean(1))
+            return self.head(self.body(x).mean(1))
+
+    v = apply_pass("prune.structured", Head().eval(), digits, {"ratio": 0.5})
+    assert v.info["heads_kept_whole"] == ["body.3.layers.0.self_attn", "body.3.layers.1.self_attn"]
+    assert [lyr.linear1.out_features for lyr in v.module.body[3].layers] == [32, 32]
+    assert all(lyr.self_attn.embed_dim == 16 for lyr in v.module.body[3].layers)
+    with torch.inference_mode():
+        assert v.module(digits.example_input(3)).shape == (3, 10)
+
+
+def test_unknown_attention_layout_is_named(digits) -> None:
+    class FusedAttention(nn.Module):  # one fused qkv projection: no head layout torchtame knows
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.out, self.heads = nn.Linear(16, 48), nn.Linear(16, 16), 4
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return self.out(torch.softmax(q @ k.transpose(1, 2), -1) @ v)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj, self.attn, self.head = nn.Linear(8, 16), FusedAttention(), nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.head(self.attn(self.proj(x.reshape(x.shape[0], 8, 8))).mean(1))
 
     with pytest.raises(PassError) as info:
-        apply_pass("prune.structured", Attn().eval(), digits, {"ratio": 0.5})
-    assert "'attn'" in str(info.value) and "ignored_layers" in str(info.value)
+        apply_pass("prune.structured", Model().eval(), digits, {"ratio": 0.5})
+    assert "'attn'" not in str(info.value) and "attn (FusedAttention)" in str(info.value)
+    assert "ignored_layers: [attn]" in str(info.value)
+    v = apply_pass(
+        "prune.structured", Model().eval(), digits, {"ratio": 0.5, "ignored_layers": ["attn", "head"]}
+    )
+    with torch.inference_mode():
+        assert v.module(digits.example_input(2)).shape == (2, 10)
 
 
 def test_prune_refuses_quantized_parent(trained_mlp, digits) -> None:

@@ -18,6 +18,19 @@ def _key(w: warnings.WarningMessage) -> str:
 
 
 @contextmanager
+def quiet_root_logger(level: int = logging.ERROR) -> Iterator[None]:
+    """Raise the root logger's level for the block: some libraries (onnxruntime.quantization) log
+    advisory lines through ``logging.warning`` instead of the warnings module."""
+    root = logging.getLogger()
+    saved = root.level
+    root.setLevel(max(level, saved))
+    try:
+        yield
+    finally:
+        root.setLevel(saved)
+
+
+@contextmanager
 def caught(where: str, sink: Counter[str] | None = None) -> Iterator[Counter[str]]:
     """Record every warning raised inside and count it by message.
 

@@ -10,25 +10,33 @@ from __future__ import annotations
 import logging
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from ._warnings import caught
+from .inputs import as_args, cast_floating
 from .runtime import no_mha_fastpath, quantized_engine
 from .variant import Variant
 
 log = logging.getLogger("torchtame")
 
 
-def _trace(variant: Variant, example: torch.Tensor, path: Path) -> Path:
+def _trace(variant: Variant, example: Any, path: Path) -> Path:
+    args, kwargs = as_args(cast_floating(example, variant.input_dtype))
     with quantized_engine(variant.backend), torch.inference_mode(), no_mha_fastpath():
-        traced = torch.jit.trace(variant.module, example.to(variant.input_dtype), check_trace=False)
+        if kwargs:
+            traced = torch.jit.trace(
+                variant.module, example_kwarg_inputs=kwargs, check_trace=False, strict=False
+            )
+        else:
+            traced = torch.jit.trace(variant.module, args, check_trace=False, strict=False)
     torch.jit.save(traced, str(path))
     return path
 
 
-def save_module(variant: Variant, directory: Path, example: torch.Tensor) -> Path:
+def save_module(variant: Variant, directory: Path, example: Any) -> Path:
     """Write the variant's module into ``directory``; returns the file written.
 
     A module that cannot be pickled (a class defined inside a function, a lambda attribute) is

@@ -1,4 +1,5 @@
-"""Model sources: torchvision by name, ``module:callable``, checkpoints, TorchScript.
+"""Model sources: torchvision by name, ``module:callable``, checkpoints, TorchScript, local
+Hugging Face directories (``transformers``; never the hub).
 
 Each source is registered with its own options model; ``load_model`` dispatches on ``source``.
 """
@@ -16,6 +17,7 @@ from pydantic import Field
 from torch import nn
 
 from .errors import ModelLoadError, first_line
+from .optional import require
 from .options import ModelSourceOptions, UserPath
 from .registry import MODEL_SOURCES, register_model_source
 from .registry import resolve_callable as _resolve
@@ -34,6 +36,11 @@ class TorchvisionModel(ModelSourceOptions):
     weights: UserPath | None = Field(None, description="Local state-dict file (no download).")
     num_classes: int | None = Field(None, ge=1)
     kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    def declared_task(self) -> str | None:
+        import torchvision
+
+        return "classification" if self.name in torchvision.models.list_models(torchvision.models) else None
 
 
 class PythonModel(ModelSourceOptions):
@@ -60,6 +67,43 @@ class CheckpointModel(ModelSourceOptions):
 class TorchScriptModel(ModelSourceOptions):
     source: Literal["torchscript"]
     path: UserPath
+
+
+HF_TASKS = {
+    "feature-extraction": ("AutoModel", "features", "last_hidden_state"),
+    "sequence-classification": ("AutoModelForSequenceClassification", "classification", "logits"),
+    "token-classification": ("AutoModelForTokenClassification", "classification", "logits"),
+    "masked-lm": ("AutoModelForMaskedLM", "classification", "logits"),
+    "causal-lm": ("AutoModelForCausalLM", "classification", "logits"),
+}
+
+
+class TransformersModel(ModelSourceOptions):
+    source: Literal["transformers"]
+    path: UserPath = Field(description="Local Hugging Face model directory (config.json + weights).")
+    task: Literal[
+        "feature-extraction", "sequence-classification", "token-classification", "masked-lm", "causal-lm"
+    ] = Field(
+        "feature-extraction",
+        description="Which model head to load (AutoModel, ...ForSequenceClassification, ...).",
+    )
+    output: str | None = Field(
+        None,
+        description="Output to measure (default: logits, or last_hidden_state for feature-extraction); "
+        "`evaluate.output` overrides it.",
+    )
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(
+        None, description="Attention kernel (default: the model's own choice)."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More from_pretrained keyword arguments."
+    )
+
+    def declared_task(self) -> str | None:
+        return HF_TASKS[self.task][1]
+
+    def declared_output(self) -> str | None:
+        return self.output or HF_TASKS[self.task][2]
 
 
 def load_model(spec: ModelSourceOptions) -> nn.Module:
@@ -202,4 +246,27 @@ def _torchscript(spec: TorchScriptModel) -> nn.Module:
         raise ModelLoadError(
             f"{str(spec.path)!r} is not a TorchScript archive: {first_line(exc)}",
             hint="use `source: checkpoint` for torch.save files",
+        ) from exc
+
+
+@register_model_source("transformers", TransformersModel)
+def _transformers(spec: TransformersModel) -> nn.Module:
+    """A Hugging Face model from a local directory (local_files_only: the hub is never contacted)."""
+    transformers = require("transformers", "the transformers model source", ModelLoadError)
+    path = spec.path
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        raise ModelLoadError(
+            f"model.path: {str(path)!r} is not a Hugging Face model directory (no config.json)",
+            hint="save one with model.save_pretrained(path) (and tokenizer.save_pretrained(path))",
+        )
+    cls = getattr(transformers, HF_TASKS[spec.task][0])
+    kwargs = dict(spec.kwargs)
+    if spec.attn_implementation is not None:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    try:
+        return cls.from_pretrained(str(path), local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(
+            f"model.path: cannot load a {spec.task} model from {str(path)!r}: {first_line(exc, 240)}",
+            hint="check `task` matches the checkpoint (e.g. feature-extraction for a bare encoder)",
         ) from exc

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from .inputs import Inputs, call, cast_floating, select_output, stack_outputs, tensors
+
 
 def session(path: Path, device: str = "cpu", threads: int | None = None, opt_level: str = "all") -> Any:
     """An onnxruntime InferenceSession on the CPU or, with onnxruntime-gpu, a CUDA device."""
@@ -33,31 +35,63 @@ def session(path: Path, device: str = "cpu", threads: int | None = None, opt_lev
     return ort.InferenceSession(str(path), so, providers=providers)
 
 
-def run_session(sess: Any, x: torch.Tensor) -> torch.Tensor:
-    """Run a single-input, single-output session on a torch tensor; returns a CPU tensor."""
-    name = sess.get_inputs()[0].name
-    out = sess.run(None, {name: x.detach().cpu().numpy()})[0]
-    return torch.from_numpy(np.asarray(out))
+def feed(sess: Any, x: Inputs) -> dict[str, np.ndarray]:
+    """The session's inputs from an input structure: dict keys by name, tensors in order."""
+    names = [i.name for i in sess.get_inputs()]
+    if isinstance(x, dict):
+        missing = [n for n in names if n not in x]
+        if missing:
+            raise ValueError(f"the ONNX model needs inputs {missing}; the data has {list(x)}")
+        return {n: x[n].detach().cpu().numpy() for n in names}
+    ts = tensors(x)
+    if len(ts) != len(names):
+        raise ValueError(f"the ONNX model takes {len(names)} inputs ({names}); the data has {len(ts)}")
+    return {n: t.detach().cpu().numpy() for n, t in zip(names, ts, strict=True)}
+
+
+def run_session(sess: Any, x: Inputs) -> dict[str, torch.Tensor]:
+    """Run a session on an input structure; returns its outputs by name as CPU tensors."""
+    outs = sess.run(None, feed(sess, x))
+    return {o.name: torch.from_numpy(np.asarray(v)) for o, v in zip(sess.get_outputs(), outs, strict=True)}
+
+
+def session_output(sess: Any, x: Inputs, output: str | int | None = None) -> torch.Tensor:
+    """The measured output tensor of a session run (see :func:`~torchtame.inputs.select_output`)."""
+    return select_output(run_session(sess, x), output)
+
+
+def class_scores(t: torch.Tensor) -> bool:
+    """Whether an output is shaped like class scores: (batch, classes) or (batch, ..., classes)."""
+    return t.dim() >= 2 and t.shape[-1] > 1
 
 
 def compare_outputs(ref: torch.Tensor, out: torch.Tensor) -> dict[str, float]:
-    """Max/mean absolute error, error relative to the reference's range, top-1 agreement."""
-    ref, out = ref.float().reshape(ref.shape[0], -1), out.float().reshape(out.shape[0], -1)
-    diff = (ref - out).abs()
-    scale = ref.abs().max().item() or 1.0
-    cos = torch.nn.functional.cosine_similarity(ref, out, dim=1).mean().item()
-    return {
+    """Max/mean absolute error, error relative to the reference's range, cosine similarity per
+    sample, and (for class-score-shaped outputs) top-1 agreement over the last dimension."""
+    ref, out = ref.float(), out.float()
+    flat_ref, flat_out = ref.reshape(ref.shape[0], -1), out.reshape(out.shape[0], -1)
+    diff = (flat_ref - flat_out).abs()
+    scale = flat_ref.abs().max().item() or 1.0
+    cos = torch.nn.functional.cosine_similarity(flat_ref, flat_out, dim=1).mean().item()
+    figures = {
         "max_abs_error": diff.max().item(),
         "mean_abs_error": diff.mean().item(),
         "max_rel_error": diff.max().item() / scale,
-        "top1_agreement": (ref.argmax(1) == out.argmax(1)).float().mean().item(),
         "cosine_similarity": cos,
         "reference_max_abs": scale,
     }
+    if class_scores(ref):
+        figures["top1_agreement"] = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
+    return figures
 
 
 def parity(
-    torch_fn: Any, sess: Any, loader: DataLoader, batches: int, input_dtype: torch.dtype = torch.float32
+    torch_fn: Any,
+    sess: Any,
+    loader: DataLoader,
+    batches: int,
+    input_dtype: torch.dtype = torch.float32,
+    output: str | int | None = None,
 ) -> dict[str, float]:
     """Compare a torch callable and an onnxruntime session on up to ``batches`` real batches."""
     refs, outs = [], []
@@ -65,9 +99,9 @@ def parity(
         for i, (x, *_) in enumerate(loader):
             if i >= batches:
                 break
-            x = x.to(input_dtype)
-            refs.append(torch_fn(x).float())
-            outs.append(run_session(sess, x).float())
-    figures = compare_outputs(torch.cat(refs), torch.cat(outs))
+            x = cast_floating(x, input_dtype)
+            refs.append(select_output(call(torch_fn, x), output).float())
+            outs.append(select_output(run_session(sess, x), output).float())
+    figures = compare_outputs(stack_outputs(refs), stack_outputs(outs))
     figures["samples"] = float(sum(len(r) for r in refs))
     return figures

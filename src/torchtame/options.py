@@ -62,6 +62,14 @@ class ModelSourceOptions(Strict):
         None, description="Train on the spot before optimizing (small models, quickstart)."
     )
 
+    def declared_task(self) -> str | None:
+        """``classification`` or ``features`` when the source knows what its model outputs."""
+        return None
+
+    def declared_output(self) -> str | None:
+        """The output (key or index) to measure by default, when the source knows it."""
+        return None
+
 
 class DataSourceOptions(Strict):
     """Fields every data source accepts."""

@@ -90,6 +90,18 @@ class EvaluateConfig(Strict):
     )
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     macs: bool = True
+    output: str | int | None = Field(
+        None,
+        description="Which output of the model is measured: a dict/ModelOutput key or a tuple index "
+        "(default: `logits` if the output has it, else the first tensor).",
+    )
+    task: Literal["auto", "classification", "features"] = Field(
+        "auto",
+        description="What the measured output is. classification: class scores (top-1, agreement); "
+        "features: embeddings, hidden states, regression (cosine similarity and errors are the "
+        "headline). auto: classification when the data has labels or the model source says so "
+        "(torchvision classifiers, transformers *-classification), else features.",
+    )
 
     @field_validator("metrics")
     @classmethod
@@ -213,6 +225,14 @@ class Recipe(Strict):
             )
         if c.device is not None and c.device not in self.devices and not DEVICE_PATTERN.match(c.device):
             raise ValueError(f"constraints.device: {c.device!r} is not a device; allowed: cpu, cuda, cuda:N")
+        if getattr(self.data, "source", None) == "text" and self.data.tokenizer is None:
+            if getattr(self.model, "source", None) == "transformers":
+                self.data.tokenizer = self.model.path
+            else:
+                raise ValueError(
+                    "data.tokenizer: required field is missing (only a `transformers` model's directory "
+                    "can stand in for it)"
+                )
         for name in self.export.variants or []:
             if name not in known:
                 raise ValueError(f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}")

@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .errors import DataError
+from .inputs import call, prepare, select_output
 from .options import TrainOptions
 from .progress import NullProgress, Progress
 
@@ -35,8 +36,10 @@ def train(
     seed: int = 0,
     progress: Progress | None = None,
     description: str = "train",
+    output: str | int | None = None,
 ) -> dict[str, Any]:
-    """Train ``model`` in place with cross-entropy; returns the mean loss of each epoch.
+    """Train ``model`` in place with cross-entropy on its measured ``output``; returns the mean
+    loss of each epoch.
 
     Runs ``epochs`` passes over ``loader`` or exactly ``steps`` optimizer steps (cycling the loader).
     The model is left in eval mode on the CPU.
@@ -68,11 +71,11 @@ def train(
             for x, y in loader:
                 if done >= total:
                     break
-                x, y = x.to(device), y.to(device)
+                x, y = prepare(x, device), y.to(device)
                 if (y < 0).any():
                     raise DataError("training needs labels, but the data has label -1 (unlabelled)")
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(select_output(call(model, x), output), y)
                 if not torch.isfinite(loss):
                     raise DataError(
                         f"training diverged (loss {loss.item()}) after {done} steps",
@@ -99,6 +102,7 @@ def train_with_options(
     seed: int,
     progress: Progress | None,
     description: str,
+    output: str | int | None = None,
 ) -> dict[str, Any]:
     """:func:`train` with the recipe's training options (pre-training, fine-tuning)."""
     return train(
@@ -113,4 +117,5 @@ def train_with_options(
         seed=seed,
         progress=progress,
         description=description,
+        output=output,
     )

@@ -110,6 +110,8 @@ class PassContext:
     variants: dict[str, Variant]
     progress: Progress = field(default_factory=NullProgress)
     log: logging.Logger = log
+    output: str | int | None = None  # which model output is measured (see inputs.select_output)
+    task: str = "auto"  # classification | features | auto (decide from the output's shape)
 
     def variant(self, module: nn.Module | None = None, **kwargs: Any) -> Variant:
         """A new variant whose name, parent and lineage the pipeline fills in."""

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import TorchtameError
+from ..inputs import call, select_output, stack_outputs
 from ..onnx_runtime import compare_outputs
 from ..registry import METRICS, register_metric, resolve_callable
 from ..runtime import quantized_engine
@@ -31,12 +32,14 @@ def _fidelity(logits: torch.Tensor, labels: torch.Tensor | None, ref: torch.Tens
     if ref is None or ref.shape != logits.shape:
         return None
     f = compare_outputs(ref, logits)
-    return {
-        "top1_agreement": round(100.0 * f["top1_agreement"], 3),
+    out = {
         "max_abs_error": f["max_abs_error"],
         "mean_abs_error": f["mean_abs_error"],
         "cosine_similarity": f["cosine_similarity"],
     }
+    if "top1_agreement" in f:
+        out = {"top1_agreement": round(100.0 * f["top1_agreement"], 3), **out}
+    return out
 
 
 register_metric("top1")(_topk(1))
@@ -55,28 +58,31 @@ def metric_fn(name: str) -> MetricFn:
 
 
 def predict(
-    run: Callable[[torch.Tensor], torch.Tensor],
-    prepare: Callable[[torch.Tensor], torch.Tensor],
+    run: Callable[[Any], Any],
+    prepare: Callable[[Any], Any],
     loader: DataLoader,
+    output: str | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outputs (float32, CPU) and labels over the whole loader."""
+    """The measured output (float32, CPU; see :func:`~torchtame.inputs.select_output`) and the
+    labels over the whole loader."""
     outs, labels = [], []
     for x, y, *_ in loader:
-        out = run(prepare(x))
-        if isinstance(out, tuple | list):
-            out = out[0]
+        out = select_output(run(prepare(x)), output)
         outs.append(out.detach().float().cpu())
         labels.append(y)
-    return torch.cat(outs), torch.cat(labels)
+    return stack_outputs(outs), torch.cat(labels)
 
 
 def top1_accuracy(
-    module: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader, backend: str | None = None
+    module: Callable[..., Any],
+    loader: DataLoader,
+    backend: str | None = None,
+    output: str | int | None = None,
 ) -> float:
     """Top-1 accuracy in percent of ``module`` over a labelled loader (no autograd; quantized
     modules run under their ``backend`` engine)."""
     with quantized_engine(backend), torch.inference_mode():
-        logits, labels = predict(module, lambda x: x, loader)
+        logits, labels = predict(lambda x: call(module, x), lambda x: x, loader, output)
     return 100.0 * (logits.argmax(1) == labels).float().mean().item()
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..inputs import batch_size
+
 
 @dataclass(frozen=True)
 class LatencyStats:
@@ -69,8 +71,8 @@ def summarize(
 
 
 def measure_latency(
-    fn: Callable[[torch.Tensor], Any],
-    x: torch.Tensor,
+    fn: Callable[[Any], Any],
+    x: Any,
     *,
     device: str = "cpu",
     warmup: int = 5,
@@ -101,4 +103,4 @@ def measure_latency(
             fn(x)
             times.append((time.perf_counter() - t0) * 1000.0)
     used_threads = threads if threads is not None else torch.get_num_threads()
-    return summarize(times, device=device, batch_size=int(x.shape[0]), threads=used_threads, dtype=dtype)
+    return summarize(times, device=device, batch_size=batch_size(x), threads=used_threads, dtype=dtype)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
 from ..errors import PassError
+from ..inputs import Inputs, call
+from ..inputs import prepare as prepare_inputs
 from ..onnx_runtime import run_session, session
 from ..runtime import cuda_provider_available, no_mha_fastpath, quantized_engine
 from ..variant import Variant
 
-Runner = Callable[[torch.Tensor], torch.Tensor]
+Runner = Callable[[Inputs], Any]
 
 
 @contextmanager
@@ -23,8 +26,9 @@ def make_runner(
     threads: int | None = None,
     inference_mode: bool = True,
     opt_level: str = "all",
-) -> Iterator[tuple[Runner, Callable[[torch.Tensor], torch.Tensor]]]:
-    """Yield ``(run, prepare)``: ``prepare`` moves/casts an input, ``run`` returns raw outputs.
+) -> Iterator[tuple[Runner, Callable[[Inputs], Inputs]]]:
+    """Yield ``(run, prepare)``: ``prepare`` moves an input structure to the device and casts its
+    floating tensors to the variant's input dtype; ``run`` returns the raw outputs.
 
     Torch variants are moved to ``device`` for the duration and moved back to the CPU after;
     quantized variants run under their own quantized engine.
@@ -35,7 +39,7 @@ def make_runner(
             raise PassError("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
         # the same intra-op thread count as PyTorch, so both runtimes compare on equal terms
         sess = session(variant.onnx_path, device, threads or torch.get_num_threads(), opt_level)
-        yield (lambda x: run_session(sess, x)), (lambda x: x.to(variant.input_dtype))
+        yield (lambda x: run_session(sess, x)), (lambda x: prepare_inputs(x, "cpu", variant.input_dtype))
         return
     assert variant.module is not None
     module = variant.module
@@ -43,12 +47,12 @@ def make_runner(
     ctx = torch.inference_mode if inference_mode else torch.no_grad
     saved_threads = torch.get_num_threads()
 
-    def prepare(x: torch.Tensor) -> torch.Tensor:
-        return x.to(device=device, dtype=variant.input_dtype)
+    def prepare(x: Inputs) -> Inputs:
+        return prepare_inputs(x, device, variant.input_dtype)
 
-    def run(x: torch.Tensor) -> torch.Tensor:
+    def run(x: Inputs) -> Any:
         with ctx():
-            return module(x)
+            return call(module, x)
 
     try:
         if threads is not None:

@@ -25,6 +25,7 @@ def train_with(model: nn.Module, ctx: PassContext, opts: TrainOptions, descripti
         seed=seed,
         progress=ctx.progress,
         description=description,
+        output=ctx.output,
     )
 
 

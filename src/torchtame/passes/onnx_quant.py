@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 from torch import nn
 
-from .._warnings import caught
+from .._warnings import caught, quiet_root_logger
+from ..errors import first_line
+from ..inputs import repeat_batch
+from ..onnx_runtime import feed, session
 from ..options import Strict
 from ..registry import register_pass
 from ..variant import PassContext, Variant
 from ._select import require_float
 from .export import OnnxOptions, export_onnx
+
+log = logging.getLogger("torchtame")
 
 
 class OnnxQuantOptions(Strict):
@@ -31,11 +38,11 @@ class OnnxQuantOptions(Strict):
 
 
 class _Reader:
-    """onnxruntime CalibrationDataReader over the recipe's calibration loader."""
+    """onnxruntime CalibrationDataReader over the recipe's calibration loader (inputs by name)."""
 
-    def __init__(self, loader: Any, input_name: str, batches: int | None) -> None:
+    def __init__(self, loader: Any, sess: Any, batches: int | None) -> None:
         self._it = iter(loader)
-        self.name = input_name
+        self.sess = sess
         self.left = batches if batches is not None else len(loader)
 
     def get_next(self) -> dict[str, Any] | None:
@@ -45,13 +52,26 @@ class _Reader:
         if batch is None:
             return None
         self.left -= 1
-        return {self.name: batch[0].numpy()}
+        return feed(self.sess, batch[0])
+
+
+def preprocess(source: Path, out: Path) -> Path:
+    """quant_pre_process (shape inference, optimisation); symbolic shape inference cannot always
+    follow dynamic axes (sequence dims of Transformers), so it is retried without it."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    with caught("quant_pre_process"), quiet_root_logger():
+        try:
+            quant_pre_process(str(source), str(out), skip_symbolic_shape=False)
+        except Exception as exc:
+            log.info("symbolic shape inference failed (%s); preprocessing without it", first_line(exc, 120))
+            quant_pre_process(str(source), str(out), skip_symbolic_shape=True)
+    return out
 
 
 @register_pass("quantize.onnx", OnnxQuantOptions)
 def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOptions) -> Variant:
     """int8 quantization of an ONNX model with onnxruntime.quantization (static or dynamic)."""
-    import onnx
     from onnxruntime import quantization as oq
 
     parent = ctx.parent
@@ -65,20 +85,14 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
     else:
         assert model is not None
         source = ctx.work_dir / "float.onnx"
-        example = ctx.example_input.repeat(2, *([1] * (ctx.example_input.dim() - 1)))
+        example = repeat_batch(ctx.example_input, 2)
         export_onnx(model, example, source, opts.export, quantized=False)
-    src_model = onnx.load(str(source))
-    input_name = src_model.graph.input[0].name
+    reader_session = session(source, "cpu")
     if opts.preprocess:
-        pre = ctx.work_dir / "preprocessed.onnx"
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-
-        with caught("quant_pre_process"):
-            quant_pre_process(str(source), str(pre), skip_symbolic_shape=False)
-        source = pre
+        source = preprocess(source, ctx.work_dir / "preprocessed.onnx")
     out = ctx.work_dir / "model.onnx"
     qtype = {"int8": oq.QuantType.QInt8, "uint8": oq.QuantType.QUInt8}
-    with caught("onnxruntime.quantization"):
+    with caught("onnxruntime.quantization"), quiet_root_logger():
         if opts.mode == "dynamic":
             oq.quantize_dynamic(
                 str(source),
@@ -91,7 +105,7 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
             oq.quantize_static(
                 str(source),
                 str(out),
-                _Reader(ctx.data.calibration, input_name, opts.calibration_batches),
+                _Reader(ctx.data.calibration, reader_session, opts.calibration_batches),
                 quant_format=oq.QuantFormat.QDQ if opts.format == "QDQ" else oq.QuantFormat.QOperator,
                 per_channel=opts.per_channel,
                 reduce_range=opts.reduce_range,

@@ -8,14 +8,16 @@ kernels. Optional fine-tuning between iterative steps recovers accuracy.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from ..errors import PassError
+from ..errors import PassError, first_line
 from ..evaluate.macs import count_macs_params
+from ..inputs import call, output_items, select_output
 from ..options import Strict, TrainOptions
 from ..registry import register_pass
 from ..variant import PassContext, Variant
@@ -59,6 +61,14 @@ class PruneOptions(Strict):
     iterative_steps: int = Field(1, ge=1, le=100)
     finetune_between: FinetuneBetween | None = None
     taylor_batches: int = Field(4, ge=1, description="Batches with gradients for `taylor`.")
+    prune_heads: bool = Field(
+        True,
+        description="Attention models: remove whole heads (BERT/DistilBERT-style attention) besides "
+        "FFN channels; the model width (embeddings, residual stream) is always kept.",
+    )
+    head_ratio: float | None = Field(
+        None, ge=0, lt=1, description="Fraction of heads to remove per attention layer (default: `ratio`)."
+    )
     max_layer_ratio: float = Field(0.9, gt=0, le=1, description="Never remove more per layer.")
 
     @model_validator(mode="after")
@@ -89,15 +99,16 @@ def make_importance(name: str) -> Any:
     }[name]()
 
 
-def default_head(model: nn.Module, example: torch.Tensor) -> list[str]:
-    """The classifier head: the last Linear/Conv whose output width is the model's output width."""
+def default_head(model: nn.Module, example: Any, output: str | int | None = None) -> list[str]:
+    """The classifier head: the last Linear whose width is the output's last dimension, or the last
+    Conv whose channels are the output's second dimension (for (N, C, H, W) outputs)."""
     with torch.no_grad():
-        out = model(example)
-    width = out.shape[-1] if out.dim() == 2 else out.shape[1]
+        out = select_output(call(model, example), output)
     head = None
     for name, m in model.named_modules():
-        w = getattr(m, "out_features", None) or getattr(m, "out_channels", None)
-        if isinstance(m, nn.Linear | nn.Conv2d | nn.Conv1d) and w == width:
+        linear = isinstance(m, nn.Linear) and out.dim() in (2, 3) and m.out_features == out.shape[-1]
+        conv = isinstance(m, nn.Conv1d | nn.Conv2d) and out.dim() >= 3 and m.out_channels == out.shape[1]
+        if linear or conv:
             head = name
     return [head] if head else []
 
@@ -112,16 +123,58 @@ def channel_counts(model: nn.Module) -> dict[str, int]:
     return out
 
 
-def _check_supported(model: nn.Module, ignored: list[str]) -> None:
+# (query, key, value, head count) attribute names of attention modules whose heads can be pruned
+HEAD_LAYOUTS = [
+    ("query", "key", "value", "num_attention_heads"),  # BERT, RoBERTa, ViT (transformers)
+    ("q_lin", "k_lin", "v_lin", "n_heads"),  # DistilBERT
+    ("q_proj", "k_proj", "v_proj", "num_heads"),  # BART-style
+]
+
+
+@dataclass
+class Attention:
+    """The attention modules of a model and how torch-pruning is told about their heads."""
+
+    num_heads: dict[nn.Module, int] = field(default_factory=dict)
+    prunable: list[tuple[str, nn.Module, str, str]] = field(default_factory=list)  # name, module, q, n
+    fixed: list[str] = field(default_factory=list)  # nn.MultiheadAttention: heads tied to the width
+    unknown: list[str] = field(default_factory=list)
+
+
+def find_attention(model: nn.Module, ignored: list[str]) -> Attention:
+    found = Attention()
     for name, m in model.named_modules():
-        if isinstance(m, nn.MultiheadAttention) and not any(
-            name == i or name.startswith(i + ".") for i in ignored
-        ):
-            raise PassError(
-                f"torch-pruning cannot prune attention layer {name!r} (MultiheadAttention) "
-                "without head configuration",
-                hint=f"add it to `ignored_layers: [{name}]`",
-            )
+        if any(name == i or name.startswith(i + ".") for i in ignored):
+            continue
+        if isinstance(m, nn.MultiheadAttention):
+            found.num_heads[m] = m.num_heads
+            found.fixed.append(name)
+            continue
+        layout = next(
+            (
+                (q, k, v, n)
+                for q, k, v, n in HEAD_LAYOUTS
+                if all(isinstance(getattr(m, a, None), nn.Linear) for a in (q, k, v))
+                and isinstance(getattr(m, n, None), int)
+            ),
+            None,
+        )
+        if layout is not None:
+            q, k, v, n = layout
+            for a in (q, k, v):
+                found.num_heads[getattr(m, a)] = getattr(m, n)
+            found.prunable.append((name, m, q, n))
+        elif "attention" in type(m).__name__.lower():
+            inner = [c for c in m.modules() if c is not m]
+            if any(isinstance(c, nn.Linear) for c in inner) and not any(
+                c in found.num_heads or isinstance(c, nn.MultiheadAttention) for c in inner
+            ):
+                found.unknown.append(name)
+    known = {n for n, *_ in found.prunable} | set(found.fixed)
+    found.unknown = [
+        u for u in found.unknown if not any(k.startswith(u + ".") or u.startswith(k + ".") for k in known)
+    ]
+    return found
 
 
 def _taylor_grads(model: nn.Module, ctx: PassContext, batches: int) -> None:
@@ -133,7 +186,51 @@ def _taylor_grads(model: nn.Module, ctx: PassContext, batches: int) -> None:
     for i, (x, y) in enumerate(loader):
         if i >= batches:
             break
-        loss_fn(model(x), y).backward()
+        loss_fn(select_output(call(model, x), ctx.output), y).backward()
+
+
+def _head_options(attention: Attention, opts: PruneOptions, ratio: float) -> dict[str, Any]:
+    if not attention.num_heads:
+        return {}
+    heads = opts.prune_heads and bool(attention.prunable)
+    head_ratio = opts.head_ratio if opts.head_ratio is not None else ratio
+    return {
+        "num_heads": attention.num_heads,
+        "prune_num_heads": heads,
+        "prune_head_dims": False,
+        "head_pruning_ratio": head_ratio if heads else 0.0,
+    }
+
+
+def _update_heads(attention: Attention, pruner: Any) -> dict[str, list[int]]:
+    """Tell each pruned attention module its new head count; returns {module: [before, after]}."""
+    changed = {}
+    for name, m, q, n in attention.prunable:
+        before = getattr(m, n)
+        after = pruner.num_heads.get(getattr(m, q), before)
+        setattr(m, n, after)
+        if hasattr(m, "all_head_size"):
+            m.all_head_size = getattr(m, q).out_features
+        changed[name] = [before, after]
+    return changed
+
+
+def _check_runs(model: nn.Module, example: Any) -> None:
+    """A pruned model that cannot run its example input is an error, never a variant."""
+    try:
+        with torch.no_grad():
+            call(model, example)
+    except Exception as exc:
+        raise PassError(
+            f"the pruned model no longer runs: {first_line(exc, 200)}",
+            hint="torch-pruning missed a coupling in this model; add the layer involved (or its parent "
+            "block) to `ignored_layers`",
+        ) from exc
+
+
+def _all_outputs_sum(out: Any) -> torch.Tensor:
+    """torch-pruning traces the graph back from this: every output tensor, so no branch is missed."""
+    return sum(t.float().sum() for _, t in output_items(out))  # type: ignore[return-value]
 
 
 @register_pass("prune.structured", PruneOptions)
@@ -146,12 +243,26 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
     model = model.float().eval()
     example = ctx.example_input
     names = (
-        default_head(model, example)
+        default_head(model, example, ctx.output)
         if opts.ignored_layers is None
         else match_modules(model, opts.ignored_layers, "ignored_layers")
     )
-    _check_supported(model, names)
+    attention = find_attention(model, names)
+    if attention.unknown:
+        shown = ", ".join(attention.unknown[:3])
+        kind = type(model.get_submodule(attention.unknown[0])).__name__
+        raise PassError(
+            f"torch-pruning cannot prune attention module(s) {shown} ({kind}): their head layout is not "
+            "one torchtame knows (query/key/value Linears with a head count)",
+            hint=f"add them to `ignored_layers: [{shown}]` to prune only the other layers",
+        )
     ignored = [model.get_submodule(n) for n in names]
+    # embedding tables stay whole: their rows are the vocabulary, and in attention models their
+    # width is the model width (the residual stream every layer adds to)
+    ignored += [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    # torch-pruning's RNN handler breaks on LSTM/GRU weights (index out of range in weight_hh)
+    recurrent = [n for n, m in model.named_modules() if isinstance(m, nn.RNNBase) and m not in ignored]
+    ignored += [model.get_submodule(n) for n in recurrent]
     ratio_dict = {
         model.get_submodule(n): r
         for pattern, r in opts.layer_ratios.items()
@@ -176,6 +287,8 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
             iterative_steps=steps,
             ignored_layers=ignored,
             round_to=opts.round_to,
+            output_transform=_all_outputs_sum,
+            **_head_options(attention, opts, ratio),
         )
     except Exception as exc:
         raise PassError(
@@ -211,6 +324,8 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
                 if frac <= goal:
                     break
     model.eval()
+    heads = _update_heads(attention, pruner)
+    _check_runs(model, example)
     macs, params = count_macs_params(model, example)
     if opts.target is not None:
         goal = opts.target.macs if opts.target.macs is not None else opts.target.params
@@ -232,5 +347,8 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
             "params_fraction": round(params / base_params, 4),
             "steps": history,
             "channels": {n: [before_channels[n], after[n]] for n in before_channels if n in after},
+            **({"attention_heads": heads} if heads else {}),
+            **({"heads_kept_whole": attention.fixed} if attention.fixed else {}),
+            **({"recurrent_kept_whole": recurrent} if recurrent else {}),
         },
     )

@@ -15,6 +15,7 @@ from pydantic import Field
 from torch import nn
 
 from ..errors import PassError, first_line
+from ..inputs import as_args, call
 from ..options import Strict
 from ..progress import NullProgress
 from ..registry import register_pass
@@ -133,7 +134,7 @@ def calibrate_loader(
         for x, *_ in loader:
             if used >= total:
                 break
-            model(x)
+            call(model, x)
             used += 1
             task.advance(1)
     return used
@@ -184,6 +185,13 @@ def _static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend:
     from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
+    args, kwargs = as_args(ctx.example_input)
+    if kwargs:
+        raise PassError(
+            "FX graph mode cannot quantize a model called with keyword inputs "
+            f"({', '.join(kwargs)}): torch.ao's FX tracer takes positional inputs only",
+            hint="use `mode: pt2e` (torch.export), quantize.dynamic (int8 Linear layers), or quantize.onnx",
+        )
     mapping: QConfigMapping = get_default_qconfig_mapping(backend)
     mapping.set_global(build_qconfig(opts, backend))
     keep = match_modules(model, opts.keep_float, "keep_float")
@@ -207,8 +215,7 @@ def _static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend:
             hint=(f"add `keep_float: [{where}]` to keep it in float, or " if where else "")
             + "use `mode: eager` (needs QuantStub-style models)",
         )
-    example = (ctx.example_input,)
-    prepared = prepare_fx(model.eval(), mapping, example, prepare_custom_config=custom)
+    prepared = prepare_fx(model.eval(), mapping, args, prepare_custom_config=custom)
     calibrate(prepared, ctx, opts.calibration_batches, "calibrate (fx)")
     return convert_fx(prepared)
 
@@ -263,8 +270,8 @@ def _static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backe
     q = convert(prepared)
     try:
         with torch.inference_mode():
-            q(ctx.example_input)
-    except (RuntimeError, NotImplementedError) as exc:
+            call(q, ctx.example_input)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
         raise PassError(
             f"eager-mode quantized model fails to run: {first_line(exc)}",
             hint="eager mode needs functional ops (+, cat) as nn.quantized.FloatFunctional; "

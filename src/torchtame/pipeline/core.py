@@ -19,17 +19,15 @@ import torch
 from pydantic import BaseModel
 
 from .._warnings import caught
-from ..data import DataBundle, load_data
+from ..data import DataBundle
 from ..devices import resolve_device, resolve_devices
-from ..errors import ModelLoadError, RunError, TorchtameError, first_line
-from ..models import load_model
+from ..errors import RunError, TorchtameError, first_line
 from ..progress import NullProgress, Progress
 from ..recipe import Recipe, load_recipe
-from ..runtime import seed_everything
 from ..variant import Variant
 from .executor import Built, StepInputs, build_step, options_json
+from .loading import load_inputs
 from .measure import Measurer
-from .pretrain import pretrain
 from .store import RunStore, check_run_dir
 
 log = logging.getLogger("torchtame")
@@ -95,47 +93,29 @@ class Pipeline:
         self.store.start(r, self.choices, r.evaluate.latency.threads or torch.get_num_threads())
 
     def load(self) -> tuple[torch.nn.Module, DataBundle]:
-        r = self.recipe
-        seed_everything(r.seed)
-        self.progress.status("loading data")
-        self.data = load_data(r.data, r.seed)
-        self.progress.status("loading model")
-        model = load_model(r.model)
-        self.example = self.data.example_input(1)
-        self._check_inputs(model)
-        info: dict[str, Any] = {"class": type(model).__name__, "input_shape": list(self.example.shape)}
-        if r.model.train is not None:
-            info["training"] = pretrain(model, r, self.data, self.devices, self.progress)
-        self.results["data"] = {
-            "description": self.data.description,
-            "has_labels": self.data.has_labels,
-            "num_classes": self.data.num_classes,
-            "sample_shape": list(self.data.sample_shape),
-            "evaluation_samples": len(self.data.evaluation.dataset),  # type: ignore[arg-type]
-            "calibration_samples": len(self.data.calibration.dataset),  # type: ignore[arg-type]
-        }
-        self.results["model"] = info
-        self.measurer = Measurer(r.evaluate, self.data, self.choices, self.example, self.progress)
-        self.inputs = StepInputs(self.data, self.example, self.devices, self.variants, self.progress)
-        return model.eval(), self.data
-
-    def _check_inputs(self, model: torch.nn.Module) -> None:
-        expected = self.recipe.model.input_shape
-        if expected is not None and list(self.example.shape[1:]) != list(expected[1:]):
-            raise ModelLoadError(
-                f"model.input_shape is {expected}, but the data's samples have shape "
-                f"{list(self.example.shape[1:])}",
-                hint="make `data` produce that shape (image_size, channels) or fix model.input_shape",
-            )
-        try:
-            with torch.inference_mode():
-                model(self.example)
-        except Exception as exc:
-            raise ModelLoadError(
-                f"the model does not accept the data's inputs of shape {list(self.example.shape)}: "
-                f"{first_line(exc)}",
-                hint="make `data` produce what the model expects (shape, channels, image_size)",
-            ) from exc
+        loaded = load_inputs(self.recipe, self.devices, self.progress)
+        self.data, self.example, self.output, self.task = (
+            loaded.data,
+            loaded.example,
+            loaded.output,
+            loaded.task,
+        )
+        self.results["settings"].update({"task": self.task, "output": self.output})
+        self.results["data"] = loaded.data_info
+        self.results["model"] = loaded.model_info
+        self.measurer = Measurer(
+            self.recipe.evaluate,
+            self.data,
+            self.choices,
+            self.example,
+            self.progress,
+            output=self.output,
+            task=self.task,
+        )
+        self.inputs = StepInputs(
+            self.data, self.example, self.devices, self.variants, self.progress, self.output, self.task
+        )
+        return loaded.model, self.data
 
     def build_variants(self, model: torch.nn.Module) -> None:
         assert self.store is not None

@@ -39,6 +39,8 @@ class StepInputs:
     devices: list[str]
     variants: dict[str, Variant]
     progress: Progress = field(default_factory=NullProgress)
+    output: str | int | None = None
+    task: str = "auto"
 
 
 def execute_pass(
@@ -68,6 +70,8 @@ def execute_pass(
         baseline=inputs.variants.get("baseline", parent),
         variants=inputs.variants,
         progress=inputs.progress,
+        output=inputs.output,
+        task=inputs.task,
     )
     with caught(pass_name, warns if warns is not None else Counter()):
         model = clone_module(parent.module) if parent.module is not None else None
@@ -123,8 +127,10 @@ def apply_pass(
     seed: int = 0,
     devices: list[str] | None = None,
     progress: Progress | None = None,
+    output: str | int | None = None,
 ) -> Variant:
-    """Apply one registered pass outside a recipe; the input model is not changed.
+    """Apply one registered pass outside a recipe; the input model is not changed. ``output``
+    names the model output that is measured (default: ``logits`` or the first tensor).
 
     >>> v = apply_pass("quantize.static", model, data, {"backend": "x86"})  # doctest: +SKIP
     """
@@ -139,6 +145,7 @@ def apply_pass(
         devices=devices or ["cpu"],
         variants={parent.name: parent},
         progress=progress or NullProgress(),
+        output=output,
     )
     return execute_pass(name, name, parent, opts, inputs, seed, work)
 

@@ -32,6 +32,8 @@ class Measurer:
     progress: Progress = field(default_factory=NullProgress)
     baseline_outputs: torch.Tensor | None = None
     baseline_accuracy: dict[str, Any] = field(default_factory=dict)
+    output: str | int | None = None
+    task: str = "classification"
 
     @property
     def devices(self) -> list[str]:
@@ -56,7 +58,7 @@ class Measurer:
             ):
                 if device == runnable[0]:
                     self.progress.status(f"{v.name}: accuracy on {device}")
-                    outputs, labels = predict(run, prepare, self.data.evaluation)
+                    outputs, labels = predict(run, prepare, self.data.evaluation, self.output)
                     out["accuracy"] = self.accuracy(v.name, outputs, labels, device)
                 if not lat.enabled:
                     continue
@@ -109,10 +111,12 @@ class Measurer:
             self.baseline_outputs = outputs
         acc = evaluate_accuracy(
             outputs,
-            labels if self.data.has_labels else None,
+            labels if self.data.has_labels and self.task == "classification" else None,
             None if is_base else self.baseline_outputs,
             self.config.metrics,
         )
+        if self.task == "features":  # argmax over embedding dimensions means nothing
+            acc.pop("top1_agreement", None)
         base_acc = acc if is_base else self.baseline_accuracy
         for k in ("top1", "top5"):
             if k in acc and k in base_acc:
@@ -126,5 +130,5 @@ class Measurer:
         """Recompute the baseline's outputs (fidelity of the variants still to build needs them)."""
         device = (entry.get("accuracy") or {}).get("device", "cpu")
         with make_runner(baseline, device if device in self.devices else "cpu") as (run, prepare):
-            self.baseline_outputs, _ = predict(run, prepare, self.data.evaluation)
+            self.baseline_outputs, _ = predict(run, prepare, self.data.evaluation, self.output)
         self.baseline_accuracy = entry.get("accuracy") or {}

@@ -29,11 +29,7 @@ def _png(fig: Any) -> str:
 
 
 def _quality(r: Row) -> float | None:
-    if r.top1 is not None:
-        return r.top1
-    if r.agreement is not None:
-        return r.agreement
-    return 100.0 if r.name == "baseline" else None
+    return r.headline[1]
 
 
 def plots(results: dict[str, Any]) -> dict[str, str]:
@@ -68,8 +64,9 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
             fr = sorted((p for p in pts if p[0] in front), key=lambda p: p[1])
             ax.plot([p[1] for p in fr], [p[2] for p in fr], "--", c="tab:red", label="Pareto front")
             ax.set_xlabel(f"p50 latency (ms), {key[0]}, batch {key[1]}")
-            labelled = any(r.top1 is not None for r in rows)
-            ax.set_ylabel("top-1 accuracy (%)" if labelled else "agreement with baseline (%)")
+            what = rows[0].headline[0] if rows else "top-1 %"
+            labels = {"top-1 %": "top-1 accuracy (%)", "agreement %": "agreement with baseline (%)"}
+            ax.set_ylabel(labels.get(what, "cosine similarity to baseline"))
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right")
             out["Latency vs accuracy"] = _png(fig)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import first_line
-from .rows import Row, fmt_num, latency_keys, rows_from_results
+from .rows import Row, fmt_num, latency_keys, result_task, rows_from_results
 
 
 def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -25,7 +25,7 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
         cells = [r.name, r.parent or "", r.pass_name, r.dtype]
         if r.status != "ok":
             error = first_line(r.error, 160)
-            body.append([*cells, *["-"] * (7 + 3 * len(keys)), f"failed: {error}"])
+            body.append([*cells, *["-"] * (len(Row.SUMMARY_HEAD) + 3 * len(keys)), f"failed: {error}"])
             continue
         cells += r.summary_cells()
         for k in keys:
@@ -158,13 +158,28 @@ def intro(results: dict[str, Any]) -> list[str]:
         lines.append(f"Run error: {results['error']}")
     data = results.get("data") or {}
     if data:
-        how = (
-            "accuracy on labelled evaluation data."
-            if data.get("has_labels")
-            else "accuracy not measured (no labels); agreement is fidelity to the baseline."
-        )
-        lines.append(f"Data: {data.get('description')}; {how}")
+        lines.append(f"Data: {data.get('description')}; {data_line(results)}")
     return lines
+
+
+def data_line(results: dict[str, Any]) -> str:
+    """What the quality figures mean for this run, in one sentence that tells the truth."""
+    data = results.get("data") or {}
+    task = result_task(results)
+    settings = results.get("settings") or {}
+    output = settings.get("output")
+    what = f"the model's `{output}` output" if output is not None else "the model's output"
+    if data.get("has_labels") and task == "classification":
+        return f"top-1 accuracy on labelled evaluation data, and fidelity of {what} to the baseline."
+    if task == "classification":
+        return (
+            f"no labels, so accuracy is not measured; fidelity of {what} to the baseline "
+            "(top-1 agreement of class scores, cosine similarity)."
+        )
+    return (
+        f"{what} is not class scores (embeddings, hidden states), so the headline is its cosine "
+        "similarity to the baseline's, with max/mean absolute error in results.json."
+    )
 
 
 def render_markdown(results: dict[str, Any], recipe_yaml: str | None = None) -> str:

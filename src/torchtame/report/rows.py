@@ -19,6 +19,7 @@ class Row:
     top1: float | None
     top1_drop: float | None
     agreement: float | None
+    cosine: float | None
     size_bytes: int | None
     size_ratio: float | None
     params: int | None
@@ -29,17 +30,48 @@ class Row:
     error: str | None = None
 
     @property
+    def headline(self) -> tuple[str, float | None]:
+        """The one quality figure to show: top-1 with labels, else agreement for class scores,
+        else cosine similarity to the baseline (embeddings, hidden states)."""
+        base = self.name == "baseline"
+        if self.top1 is not None:
+            return "top-1 %", self.top1
+        if self.task == "classification" and (self.agreement is not None or base):
+            return "agreement %", 100.0 if base and self.agreement is None else self.agreement
+        return "cosine", 1.0 if base and self.cosine is None else self.cosine
+
+    def headline_cell(self) -> str:
+        what, value = self.headline
+        if value is None:
+            return "n/a"
+        if what == "top-1 %":
+            return fmt_num(value)
+        return f"agr {value:.1f}" if what == "agreement %" else f"cos {value:.4f}"
+
+    @property
     def size_mb(self) -> float | None:
         return None if self.size_bytes is None else self.size_bytes / MB
 
-    SUMMARY_HEAD = ("top-1 %", "drop (pts)", "agreement %", "size MB", "size ratio", "params", "MACs")
+    task: str = "classification"
+
+    SUMMARY_HEAD = (
+        "top-1 %",
+        "drop (pts)",
+        "agreement %",
+        "cosine",
+        "size MB",
+        "size ratio",
+        "params",
+        "MACs",
+    )
 
     def summary_cells(self) -> list[str]:
-        """Accuracy, drop, agreement, size, size ratio, params, MACs (the SUMMARY_HEAD columns)."""
+        """Accuracy, drop, agreement, cosine, size, size ratio, params, MACs (SUMMARY_HEAD)."""
         return [
             fmt_num(self.top1) if self.top1 is not None else "not measured",
             fmt_num(self.top1_drop),
-            fmt_num(self.agreement),
+            fmt_num(self.agreement) if self.task == "classification" else "-",
+            fmt_num(self.cosine, 4),
             fmt_num(self.size_mb, 3),
             fmt_num(self.size_ratio, 3),
             human_count(self.params),
@@ -50,6 +82,7 @@ class Row:
 def rows_from_results(results: dict[str, Any]) -> list[Row]:
     """One Row per variant, with speed-ups and size ratios against the baseline."""
     rows = []
+    task = result_task(results)
     base = next((v for v in results["variants"] if v["name"] == "baseline"), None)
     base_lat = {(m["device"], m["batch_size"]): m for m in (base or {}).get("latency", [])}
     base_size = ((base or {}).get("size") or {}).get("bytes")
@@ -73,6 +106,7 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
                 top1=acc.get("top1"),
                 top1_drop=acc.get("top1_drop"),
                 agreement=acc.get("top1_agreement"),
+                cosine=acc.get("cosine_similarity"),
                 size_bytes=size.get("bytes"),
                 size_ratio=(size["bytes"] / base_size) if base_size and size.get("bytes") else None,
                 params=size.get("params"),
@@ -81,9 +115,15 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
                 speedup=speed,
                 skipped=v.get("skipped_devices", []),
                 error=v.get("error"),
+                task=task,
             )
         )
     return rows
+
+
+def result_task(results: dict[str, Any]) -> str:
+    """What the measured output is (runs before the task was recorded were classifiers)."""
+    return (results.get("settings") or {}).get("task") or "classification"
 
 
 def latency_keys(rows: list[Row]) -> list[tuple[str, int]]:

@@ -16,7 +16,10 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
     rows = rows_from_results(results)
     keys = latency_keys(rows)
     table = Table(title=title or f"torchtame: {results.get('recipe', '')} ({results.get('status')})")
-    for col in ("variant", "dtype", "top-1 %", "drop", "MB", "x size", "MACs"):
+    quality = (
+        "top-1 %" if any(r.top1 is not None for r in rows) else rows[0].headline[0] if rows else "top-1 %"
+    )
+    for col in ("variant", "dtype", quality, "drop", "MB", "x size", "MACs"):
         table.add_column(col, justify="left" if col in ("variant", "dtype") else "right")
     for device, bs in keys:
         table.add_column(f"{device} b{bs}\np50 ms (x)", justify="right")
@@ -29,16 +32,10 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
                 *[""] * (4 + len(keys)),
             )
             continue
-        if r.top1 is not None:
-            acc = fmt_num(r.top1)
-        elif r.agreement is not None:
-            acc = f"agr {r.agreement:.1f}"
-        else:
-            acc = "n/a"
         cells = [
             r.name,
             r.dtype,
-            acc,
+            r.headline_cell(),
             fmt_num(r.top1_drop),
             fmt_num(r.size_mb, 3),
             fmt_num(r.size_ratio, 2),

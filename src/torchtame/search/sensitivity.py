@@ -11,6 +11,7 @@ from .._warnings import caught
 from ..data import DataBundle
 from ..errors import first_line
 from ..evaluate.accuracy import predict, top1_accuracy
+from ..inputs import as_args, call, output_items
 from ..passes.prune import default_head, make_importance
 from ..passes.quantize import StaticOptions, build_qconfig, calibrate_loader
 from ..progress import NullProgress, Progress
@@ -28,7 +29,7 @@ def score(
         return top1_accuracy(module, data.evaluation, backend)
     assert reference is not None
     with quantized_engine(backend), torch.inference_mode():
-        logits, _ = predict(module, lambda x: x, data.evaluation)
+        logits, _ = predict(lambda x: call(module, x), lambda x: x, data.evaluation)
     return 100.0 * (logits.argmax(1) == reference.argmax(1)).float().mean().item()
 
 
@@ -45,7 +46,8 @@ def quantize_one(
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     mapping = QConfigMapping().set_module_name(layer, build_qconfig(opts, backend))
-    prepared = prepare_fx(model.eval(), mapping, (data.example_input(1),))
+    args, _ = as_args(data.example_input(1))
+    prepared = prepare_fx(model.eval(), mapping, args)
     calibrate_loader(prepared, data.calibration, opts.calibration_batches)
     return convert_fx(prepared)
 
@@ -112,6 +114,7 @@ def pruning_sensitivity(
                     pruning_ratio=0.0,
                     pruning_ratio_dict={m.get_submodule(name): ratio},
                     ignored_layers=[m.get_submodule(h) for h in head],
+                    output_transform=lambda out: sum(t.float().sum() for _, t in output_items(out)),
                 )
                 pruner.step()
                 drop = baseline_score - score(m, data, reference)

@@ -1,15 +1,9 @@
-"""Data sources: scikit-learn digits, ImageFolder, synthetic tensors, a Python callable.
-
-Each source yields a :class:`DataBundle` of train / calibration / evaluation loaders. Batches are
-``(inputs, labels)`` tuples; sources without labels set ``has_labels=False`` so that accuracy is
-reported as not measured (fidelity against the baseline still is).
-"""
+"""The built-in data sources: scikit-learn digits, synthetic tensors, image folders, torchvision
+datasets on disk, and Python callables returning data of any common shape."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,48 +11,12 @@ import torch
 from pydantic import Field, model_validator
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from .errors import DataError, first_line
-from .options import DataSourceOptions, Strict, UserPath
-from .registry import DATA_SOURCES, register_data_source, resolve_callable
-
-DataFn = Callable[[Any, int], "DataBundle"]
-
-
-@dataclass
-class DataBundle:
-    """Loaders for each split plus what is known about the data."""
-
-    train: DataLoader | None
-    calibration: DataLoader
-    evaluation: DataLoader
-    has_labels: bool
-    num_classes: int | None
-    sample_shape: tuple[int, ...]
-    description: str
-
-    def example_input(self, batch_size: int = 1) -> torch.Tensor:
-        """A real batch of ``batch_size`` evaluation samples (repeated if the split is smaller)."""
-        x = first_inputs(self.evaluation)
-        reps = math.ceil(batch_size / x.shape[0])
-        return x.repeat(reps, *([1] * (x.dim() - 1)))[:batch_size].contiguous()
-
-
-def first_inputs(loader: DataLoader) -> torch.Tensor:
-    batch = next(iter(loader))
-    return batch[0] if isinstance(batch, list | tuple) else batch
-
-
-class Split(Strict):
-    train: float = Field(0.6, ge=0, le=1)
-    calibration: float = Field(0.1, gt=0, le=1)
-    evaluation: float = Field(0.3, gt=0, le=1)
-
-    @model_validator(mode="after")
-    def _sum(self) -> Split:
-        total = self.train + self.calibration + self.evaluation
-        if total > 1.0 + 1e-9:
-            raise ValueError(f"split fractions add up to {total:g}; they must add up to at most 1")
-        return self
+from ..errors import DataError, first_line
+from ..inputs import first_tensor
+from ..options import DataSourceOptions, UserPath
+from ..registry import register_data_source, resolve_callable
+from .bundle import DataBundle, Split, make_loaders, split_indices
+from .samples import Samples, columns_dataset
 
 
 class DigitsData(DataSourceOptions):
@@ -106,68 +64,18 @@ class TorchvisionData(DataSourceOptions):
 class PythonData(DataSourceOptions):
     source: Literal["python"]
     target: str = Field(
-        description="'module:callable' returning a Dataset, a DataLoader, or a dict of them "
-        "keyed train/calibration/evaluation."
+        description="'module:callable' returning a Dataset, a DataLoader, a list of samples, a dict of "
+        "columns, or a dict of those keyed train/calibration/evaluation. Samples may be tensors, "
+        "tuples (TensorDataset rows) or dicts keyed by forward()'s argument names."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict)
     split: Split = Field(default_factory=Split)
     num_classes: int | None = None
-
-
-def load_data(spec: DataSourceOptions, seed: int) -> DataBundle:
-    """Build the loaders the recipe's ``data`` section names, and check they are usable."""
-    entry = DATA_SOURCES.get(spec.source)  # type: ignore[attr-defined]
-    bundle = entry.fn(spec, seed)
-    for split in ("calibration", "evaluation"):
-        loader = getattr(bundle, split)
-        if len(loader.dataset) == 0:  # type: ignore[arg-type]
-            raise DataError(
-                f"data: the {split} split is empty", hint="give the source more samples or a larger split"
-            )
-    x = first_inputs(bundle.evaluation)
-    if x.is_floating_point() and not torch.isfinite(x).all():
-        raise DataError(
-            "data: the evaluation inputs contain NaN or infinite values",
-            hint="clean the data or fix its normalisation",
-        )
-    return bundle
-
-
-def _split_indices(n: int, split: Split, seed: int) -> tuple[list[int], list[int], list[int]]:
-    if n == 0:
-        raise DataError("data: the dataset is empty", hint="point the source at data with samples")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    n_cal = max(1, round(split.calibration * n))
-    n_eval = max(1, round(split.evaluation * n))
-    n_train = min(n - n_cal - n_eval, round(split.train * n))
-    if n_train < 0:
-        raise DataError(f"data: {n} samples are too few for the requested split")
-    return perm[:n_train], perm[n_train : n_train + n_cal], perm[n_train + n_cal : n_train + n_cal + n_eval]
-
-
-def _loaders(
-    spec: DataSourceOptions,
-    seed: int,
-    train: Dataset | None,
-    calibration: Dataset,
-    evaluation: Dataset,
-) -> tuple[DataLoader | None, DataLoader, DataLoader]:
-    def limited(ds: Dataset, batches: int | None) -> Dataset:
-        if batches is None or batches * spec.batch_size >= len(ds):  # type: ignore[arg-type]
-            return ds
-        return Subset(ds, range(batches * spec.batch_size))
-
-    train_loader = None
-    if train is not None and len(train) > 0:  # type: ignore[arg-type]
-        train_loader = DataLoader(
-            train,
-            batch_size=spec.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(seed),
-        )
-    cal = DataLoader(limited(calibration, spec.calibration_batches), batch_size=spec.batch_size)
-    ev = DataLoader(limited(evaluation, spec.evaluation_batches), batch_size=spec.batch_size)
-    return train_loader, cal, ev
+    label: int | str = Field(
+        "auto",
+        description="Where each sample's label is: auto (a dict's labels/label key; a tuple's last "
+        "element if it is an integer), none, last, an index, or a dict key.",
+    )
 
 
 def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,8 +93,8 @@ def _digits(spec: DigitsData, seed: int) -> DataBundle:
     """scikit-learn's 1,797 handwritten 8x8 digits (ships with the package, no download)."""
     x, y = digits_tensors()
     ds = TensorDataset(x, y)
-    tr, ca, ev = _split_indices(len(ds), spec.split, seed)
-    loaders = _loaders(spec, seed, Subset(ds, tr), Subset(ds, ca), Subset(ds, ev))
+    tr, ca, ev = split_indices(len(ds), spec.split, seed)
+    loaders = make_loaders(spec, seed, Subset(ds, tr), Subset(ds, ca), Subset(ds, ev))
     return DataBundle(*loaders, True, 10, (1, 8, 8), f"digits ({len(tr)}/{len(ca)}/{len(ev)})")
 
 
@@ -197,7 +105,7 @@ def _synthetic(spec: SyntheticData, seed: int) -> DataBundle:
     shape = (spec.num_samples, *spec.shape)
     x = torch.randn(shape, generator=g) if spec.distribution == "normal" else torch.rand(shape, generator=g)
     ds = TensorDataset(x, torch.full((spec.num_samples,), -1, dtype=torch.int64))
-    _, cal, ev = _loaders(spec, seed, None, ds, ds)
+    _, cal, ev = make_loaders(spec, seed, None, ds, ds)
     return DataBundle(None, cal, ev, False, None, tuple(spec.shape), f"synthetic {list(shape)}")
 
 
@@ -240,10 +148,10 @@ def _imagefolder(spec: ImageFolderData, seed: int) -> DataBundle:
     else:
         assert spec.root is not None
         full = folder(spec.root)
-        tr, ca, ev = _split_indices(len(full), spec.split, seed)
+        tr, ca, ev = split_indices(len(full), spec.split, seed)
         tr_ds, ca_ds, ev_ds = Subset(full, tr), Subset(full, ca), Subset(full, ev)  # type: ignore[assignment]
         classes = full.classes
-    loaders = _loaders(spec, seed, tr_ds, ca_ds, ev_ds)
+    loaders = make_loaders(spec, seed, tr_ds, ca_ds, ev_ds)
     channels = 1 if spec.grayscale else 3
     return DataBundle(
         *loaders,
@@ -304,7 +212,7 @@ def _torchvision(spec: TorchvisionData, seed: int) -> DataBundle:
     calibration, train = Subset(train_full, perm[:n_cal]), Subset(train_full, perm[n_cal:])
     x = evaluation[0][0]
     classes = getattr(train_full, "classes", None)
-    loaders = _loaders(spec, seed, train, calibration, evaluation)
+    loaders = make_loaders(spec, seed, train, calibration, evaluation)
     return DataBundle(
         *loaders,
         True,
@@ -314,41 +222,47 @@ def _torchvision(spec: TorchvisionData, seed: int) -> DataBundle:
     )
 
 
+SPLITS = ("train", "calibration", "evaluation")
+
+
+def _as_dataset(item: Any, name: str, rule: Any) -> Dataset:
+    """A Dataset of ``(inputs, label)`` pairs from whatever the callable returned for ``name``."""
+    if isinstance(item, DataLoader):
+        item = item.dataset
+    if isinstance(item, Mapping):
+        item = columns_dataset(item)
+    if isinstance(item, str | bytes) or not (hasattr(item, "__len__") and hasattr(item, "__getitem__")):
+        raise DataError(
+            f"data.target returned {type(item).__name__} for {name}, not a Dataset, DataLoader, list of "
+            "samples or dict of columns"
+        )
+    return Samples(item, rule)
+
+
 @register_data_source("python", PythonData)
 def _python(spec: PythonData, seed: int) -> DataBundle:
-    """A callable returning a Dataset, a DataLoader or a dict of them per split."""
+    """A callable returning samples of any common shape: a Dataset, a list, a dict of columns, or a
+    dict of them per split."""
     fn = resolve_callable(spec.target, "data.target", DataError)
     obj = fn(**spec.kwargs)
-
-    def as_dataset(item: Any, name: str) -> Dataset:
-        if isinstance(item, DataLoader):
-            return item.dataset
-        if isinstance(item, Dataset):
-            return item
-        raise DataError(f"data.target returned {type(item).__name__} for {name}, not a Dataset or DataLoader")
-
-    if isinstance(obj, dict):
-        unknown = set(obj) - {"train", "calibration", "evaluation"}
-        if unknown or "evaluation" not in obj:
+    if isinstance(obj, Mapping) and obj and set(obj) <= set(SPLITS):
+        if "evaluation" not in obj:
             raise DataError(
                 "data.target's dict needs an 'evaluation' key and may have 'train', 'calibration'; "
                 f"got {sorted(obj)}"
             )
-        ev_ds = as_dataset(obj["evaluation"], "evaluation")
-        tr_ds = as_dataset(obj["train"], "train") if "train" in obj else None
-        ca_ds = as_dataset(obj["calibration"], "calibration") if "calibration" in obj else (tr_ds or ev_ds)
+        ev_ds = _as_dataset(obj["evaluation"], "evaluation", spec.label)
+        tr_ds = _as_dataset(obj["train"], "train", spec.label) if "train" in obj else None
+        ca_ds = _as_dataset(obj["calibration"], "calibration", spec.label) if "calibration" in obj else None
+        ca_ds = ca_ds or tr_ds or ev_ds
     else:
-        full = as_dataset(obj, "the data")
-        tr, ca, ev = _split_indices(len(full), spec.split, seed)  # type: ignore[arg-type]
+        full = _as_dataset(obj, "the data", spec.label)
+        tr, ca, ev = split_indices(len(full), spec.split, seed)  # type: ignore[arg-type]
         tr_ds, ca_ds, ev_ds = Subset(full, tr), Subset(full, ca), Subset(full, ev)
     if len(ev_ds) == 0:  # type: ignore[arg-type]
         raise DataError("data: the evaluation split is empty", hint="the callable returned no samples")
-    sample = ev_ds[0]
-    x, y = (sample[0], sample[1]) if isinstance(sample, tuple | list) and len(sample) > 1 else (sample, None)
-    if not isinstance(x, torch.Tensor):
-        raise DataError(f"data: samples must be tensors (or (tensor, label) pairs), got {type(x).__name__}")
-    has_labels = y is not None and int(torch.as_tensor(y).reshape(-1)[0]) >= 0
-    if y is None:
-        raise DataError("data: samples must be (input, label) pairs; use label -1 when there are no labels")
-    loaders = _loaders(spec, seed, tr_ds, ca_ds, ev_ds)
-    return DataBundle(*loaders, has_labels, spec.num_classes, tuple(x.shape), f"python {spec.target}")
+    x, y = ev_ds[0]
+    has_labels = int(y) >= 0
+    loaders = make_loaders(spec, seed, tr_ds, ca_ds, ev_ds)
+    shape = tuple(first_tensor(x).shape)
+    return DataBundle(*loaders, has_labels, spec.num_classes, shape, f"python {spec.target}")
