@@ -2,7 +2,8 @@
 
 Float and pruned variants are saved whole with ``torch.save`` (the pruned structure is part of
 the module); torch.ao-quantized variants as TorchScript, since FX-converted quantized graph
-modules do not survive pickling. ONNX variants are their ``.onnx`` file.
+modules do not survive pickling; PT2E int8 graphs as exported programs (``.pt2``). ONNX variants
+are their ``.onnx`` file.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def _trace(variant: Variant, example: Any, path: Path) -> Path:
     return path
 
 
+def _export(variant: Variant, example: Any, path: Path) -> Path:
+    """An exported program (PT2E int8 graphs: what torch.compile and AOTInductor deploy)."""
+    from .passes.pt2e import export_dynamic
+
+    program = export_dynamic(variant.module, cast_floating(example, variant.input_dtype))
+    torch.export.save(program, str(path))
+    return path
+
+
 def save_module(variant: Variant, directory: Path, example: Any) -> Path:
     """Write the variant's module into ``directory``; returns the file written.
 
@@ -45,6 +55,8 @@ def save_module(variant: Variant, directory: Path, example: Any) -> Path:
     assert variant.module is not None
     directory.mkdir(parents=True, exist_ok=True)
     with caught("save"):
+        if isinstance(variant.module, torch.fx.GraphModule) and variant.compiled:
+            return _export(variant, example, directory / "model.pt2")
         if variant.quantized:
             return _trace(variant, example, directory / "model.ts")
         path = directory / "model.pt"
@@ -70,4 +82,6 @@ def load_module(path: str | Path) -> nn.Module:
     with caught("load"):
         if path.suffix == ".ts":
             return torch.jit.load(str(path), map_location="cpu")
+        if path.suffix == ".pt2":
+            return torch.export.load(str(path)).module()
         return torch.load(path, map_location="cpu", weights_only=False)

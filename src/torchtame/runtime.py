@@ -6,8 +6,9 @@ Nothing here imports the rest of the package except :mod:`torchtame.errors`.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,6 +59,20 @@ def no_mha_fastpath() -> Iterator[None]:
         yield
     finally:
         torch.backends.mha.set_fastpath_enabled(saved)
+
+
+def compiled(module: torch.nn.Module) -> Callable[..., Any]:
+    """``torch.compile`` for inference with Inductor's weight freezing, which int8 PT2E graphs need
+    for their quantize/dequantize patterns to become int8 kernels. Compiles on the first call."""
+    import torch._inductor.config as inductor_config
+
+    fn = torch.compile(module)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with inductor_config.patch(freezing=True):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def seed_everything(seed: int) -> None:

@@ -39,6 +39,7 @@ class Variant:
     devices: DevicePolicy = "any"
     quantized: bool = False
     backend: str | None = None  # torch quantized engine the variant's kernels need
+    compiled: bool = False  # measured (and deployed) through torch.compile (PT2E, torchao)
     info: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] | None = None  # the pass options it was built with (JSON form)
 
@@ -75,6 +76,7 @@ class Variant:
             "backend": self.backend,
             "input_dtype": str(self.input_dtype).removeprefix("torch."),
             "device_policy": self.devices,
+            "compiled": self.compiled,
             "info": self.info,
         }
 
@@ -91,6 +93,7 @@ class Variant:
             devices=entry.get("device_policy", "any"),
             quantized=entry.get("quantized", False),
             backend=entry.get("backend"),
+            compiled=entry.get("compiled", False),
             info=entry.get("info", {}),
             options=entry.get("options"),
         )

@@ -13,7 +13,7 @@ from ..errors import PassError
 from ..inputs import Inputs, call
 from ..inputs import prepare as prepare_inputs
 from ..onnx_runtime import run_session, session
-from ..runtime import cuda_provider_available, no_mha_fastpath, quantized_engine
+from ..runtime import compiled, cuda_provider_available, no_mha_fastpath, quantized_engine
 from ..variant import Variant
 
 Runner = Callable[[Inputs], Any]
@@ -44,6 +44,7 @@ def make_runner(
     assert variant.module is not None
     module = variant.module
     module.to(device)
+    fn = compiled(module) if variant.compiled else module
     ctx = torch.inference_mode if inference_mode else torch.no_grad
     saved_threads = torch.get_num_threads()
 
@@ -52,7 +53,7 @@ def make_runner(
 
     def run(x: Inputs) -> Any:
         with ctx():
-            return call(module, x)
+            return call(fn, x)
 
     try:
         if threads is not None:

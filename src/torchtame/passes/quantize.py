@@ -1,9 +1,9 @@
 """Post-training quantization through torch.ao.quantization, and fp16/bf16 casts.
 
 - ``quantize.dynamic``: int8 or float16 weights, activations quantized on the fly (Linear, RNNs).
-- ``quantize.static``: int8 weights and activations calibrated on the recipe's calibration split;
-  FX graph mode by default (no model edits), eager mode with automatic fusion as an option.
-- ``quantize.half``: the whole model cast to float16 or bfloat16 (inputs cast likewise).
+- the torch.ao halves of ``quantize.static`` (FX graph mode, eager mode with automatic fusion);
+  the pass itself, with PT2E and the evidence-based ``auto`` mode, is in :mod:`.static`.
+- ``quantize.half``: the whole model cast to float16 or bfloat16 (floating inputs cast likewise).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ DYNAMIC_TYPES: dict[str, type[nn.Module]] = {
 Backend = Literal["x86", "fbgemm", "onednn", "qnnpack"]
 
 
-def _module_types(names: list[str]) -> list[type[nn.Module]]:
+def module_types(names: list[str]) -> list[type[nn.Module]]:
     out = []
     for name in names:
         tp = getattr(nn, name, None)
@@ -92,7 +92,12 @@ def quantize_dynamic(model: nn.Module | None, ctx: PassContext, opts: DynamicOpt
 
 
 class StaticOptions(Strict):
-    mode: Literal["fx", "eager"] = Field("fx", description="FX graph mode (default) or eager mode.")
+    mode: Literal["auto", "fx", "pt2e", "eager"] = Field(
+        "auto",
+        description="auto (default): build FX, check its converted graph, fidelity and speed, and go on "
+        "to PT2E when FX falls short; fx: torch.ao FX graph mode; pt2e: torch.export + torchao's "
+        "X86 Inductor quantizer, measured compiled; eager: torch.ao eager mode (QuantStub models).",
+    )
     backend: Backend | None = None
     calibration_batches: int | None = Field(None, ge=1, description="Default: the whole split.")
     activation_observer: Literal["minmax", "moving_average", "histogram"] = "histogram"
@@ -180,7 +185,7 @@ def untraceable_module(model: nn.Module, leaves: set[str]) -> tuple[str, str] | 
     return None
 
 
-def _static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
+def static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
     from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
     from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
@@ -197,7 +202,7 @@ def _static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend:
     keep = match_modules(model, opts.keep_float, "keep_float")
     for name in keep:
         mapping.set_module_name(name, None)
-    keep_types = tuple(_module_types(opts.keep_float_types))
+    keep_types = tuple(module_types(opts.keep_float_types))
     for tp in keep_types:
         mapping.set_object_type(tp, None)
     # by name too: a kept Linear fused with its ReLU would otherwise follow the fused pattern
@@ -250,7 +255,7 @@ def fusion_groups(model: nn.Module) -> list[list[str]]:
     return groups
 
 
-def _static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
+def static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
     from torch.ao.quantization import QuantWrapper, convert, fuse_modules, prepare
 
     model = model.eval()
@@ -259,7 +264,7 @@ def _static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backe
         model = fuse_modules(model, groups)
     wrapped = QuantWrapper(model)
     wrapped.qconfig = build_qconfig(opts, backend)
-    keep_types = tuple(_module_types(opts.keep_float_types))
+    keep_types = tuple(module_types(opts.keep_float_types))
     for name in match_modules(model, opts.keep_float, "keep_float"):
         model.get_submodule(name).qconfig = None
     for _, m in model.named_modules():
@@ -278,42 +283,6 @@ def _static_eager(model: nn.Module, ctx: PassContext, opts: StaticOptions, backe
             "use `mode: fx` or keep_float for the failing block",
         ) from exc
     return q
-
-
-@register_pass("quantize.static", StaticOptions)
-def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
-    """Static int8 post-training quantization calibrated on the calibration split."""
-    assert model is not None
-    require_float(
-        ctx,
-        "quantize.static",
-        "start this step `from:` a float variant (baseline, pruned, fine-tuned)",
-        float32=True,
-    )
-    backend = check_backend(opts.backend)
-    with quantized_engine(backend):
-        fn = _static_fx if opts.mode == "fx" else _static_eager
-        q = fn(model, ctx, opts, backend)
-    batches = (
-        len(ctx.data.calibration)
-        if opts.calibration_batches is None
-        else min(opts.calibration_batches, len(ctx.data.calibration))
-    )
-    return ctx.variant(
-        q,
-        quantized=True,
-        devices="cpu_only",
-        backend=backend,
-        dtype="int8",
-        info={
-            "mode": opts.mode,
-            "backend": backend,
-            "calibration_batches": batches,
-            "observer": opts.activation_observer,
-            "weight_granularity": opts.weight_granularity,
-            "kept_float": [*opts.keep_float, *opts.keep_float_types],
-        },
-    )
 
 
 # --------------------------------------------------------------------------- half

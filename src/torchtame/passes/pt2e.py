@@ -1,0 +1,174 @@
+"""Static int8 through PT2E (torchao): torch.export, a normalised graph, X86InductorQuantizer.
+
+The converted graph holds quantize/dequantize pairs around float ops; it is fast only once
+Inductor compiles it (with weight freezing), which fuses those patterns into int8 kernels. So
+PT2E variants are measured compiled (see :func:`torchtame.runtime.compiled`).
+
+Two things in graphs exported by torch 2.14 stop the X86 quantizer from annotating layers, and
+:func:`normalise` fixes both in the graph's metadata before quantization:
+
+- a module called twice (resnet's ``self.relu``) puts both calls in one source partition, which
+  the quantizer rejects ("Input partition has more than one output node"): each call becomes its
+  own partition;
+- a Conv2d subclass that pads in ``forward`` (TensorFlow ports, timm's ``Conv2dSame``) is not
+  recognised as ``nn.Conv2d``, so its convolution stays float: the convolution node is presented
+  as the plain layer it is.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PassError, first_line
+from ..inputs import as_args, batch_size, repeat_batch, tensors
+from ..optional import require
+
+log = logging.getLogger("torchtame")
+
+_BASES = {
+    torch.ops.aten.conv1d.default: (nn.Conv1d, "torch.nn.modules.conv.Conv1d"),
+    torch.ops.aten.conv2d.default: (nn.Conv2d, "torch.nn.modules.conv.Conv2d"),
+    torch.ops.aten.linear.default: (nn.Linear, "torch.nn.modules.linear.Linear"),
+}
+
+
+def export_dynamic(model: nn.Module, example: Any) -> torch.export.ExportedProgram:
+    """torch.export with a dynamic batch (and a dynamic sequence for integer inputs); where the
+    model constrains those dims, ``Dim.AUTO`` lets export find the bounds; else shapes are static.
+    A batch of one is repeated to two first: export specialises dimensions of size 1."""
+    if batch_size(example) == 1:
+        example = repeat_batch(example, 2)
+    args, kwargs = as_args(example)
+
+    def shapes(auto: bool) -> Any:
+        batch = torch.export.Dim.AUTO if auto else torch.export.Dim("batch", min=1)
+        seq = torch.export.Dim.AUTO if auto else torch.export.Dim("sequence", min=1)
+
+        def spec(t: torch.Tensor) -> dict[int, Any]:
+            axes = {0: batch}
+            if t.dim() >= 2 and not t.is_floating_point():
+                axes[1] = seq
+            return axes
+
+        if kwargs:
+            return {k: spec(v) for k, v in kwargs.items()}
+        return tuple(spec(t) for t in args)
+
+    errors = []
+    for dynamic in (shapes(False), shapes(True), None):
+        try:
+            return torch.export.export(model, args, kwargs or None, dynamic_shapes=dynamic)
+        except Exception as exc:
+            errors.append(first_line(exc, 200))
+    raise PassError(
+        f"torch.export cannot capture the model: {errors[-1]}",
+        hint="PT2E needs a model torch.export can trace; use `mode: fx`, quantize.dynamic or quantize.onnx",
+    )
+
+
+def normalise(gm: torch.fx.GraphModule, model: nn.Module) -> dict[str, Any]:
+    """Rewrite the graph's module metadata so the X86 quantizer sees every layer (see the module
+    docstring). Returns what changed and the per-call names (``name@k``) created."""
+    split: set[str] = set()
+    subclasses: list[str] = []
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if node.op != "call_function" or not stack:
+            continue
+        key, (fqn, cls) = list(stack.items())[-1]
+        if "@" in key:
+            fqn = f"{fqn}@{key.rsplit('@', 1)[1]}"
+            split.add(fqn)
+        if node.target in _BASES:
+            base, name = _BASES[node.target]
+            try:
+                owner = model.get_submodule(fqn.split("@")[0].removeprefix("L['self']."))
+            except AttributeError:
+                owner = None
+            if isinstance(owner, base) and type(owner) is not base:
+                subclasses.append(f"{fqn} ({type(owner).__name__})")
+                cls = name
+        stack[key] = (fqn, cls)
+    return {"calls_split": sorted(split), "subclass_layers": subclasses}
+
+
+def x86_config(observer: str, per_channel: bool) -> Any:
+    """The X86 Inductor quantization config with the recipe's activation observer and weight
+    granularity (activations: uint8 affine per tensor, the only layout its int8 kernels take)."""
+    pt2e = require("torchao.quantization.pt2e", "PT2E quantization", PassError)
+    from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec
+
+    act_cls = {
+        "histogram": pt2e.HistogramObserver,
+        "minmax": pt2e.MinMaxObserver,
+        "moving_average": pt2e.MovingAverageMinMaxObserver,
+    }[observer]
+    act = QuantizationSpec(
+        dtype=torch.uint8,
+        quant_min=0,
+        quant_max=255,
+        qscheme=torch.per_tensor_affine,
+        is_dynamic=False,
+        observer_or_fake_quant_ctr=act_cls.with_args(eps=2**-12),
+    )
+    if per_channel:
+        weight_obs = pt2e.PerChannelMinMaxObserver.with_args(eps=2**-12)
+        scheme = torch.per_channel_symmetric
+    else:
+        weight_obs = pt2e.MinMaxObserver.with_args(eps=2**-12)
+        scheme = torch.per_tensor_symmetric
+    weight = QuantizationSpec(
+        dtype=torch.int8,
+        quant_min=-128,
+        quant_max=127,
+        qscheme=scheme,
+        ch_axis=0,
+        is_dynamic=False,
+        observer_or_fake_quant_ctr=weight_obs,
+    )
+    return QuantizationConfig(act, act, weight, None, False)
+
+
+def quantize_pt2e(
+    model: nn.Module,
+    example: Any,
+    calibrate: Any,
+    *,
+    observer: str,
+    per_channel: bool,
+    keep: list[str],
+    keep_types: tuple[type[nn.Module], ...],
+) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
+    """Export, normalise, annotate, calibrate (``calibrate(prepared)``) and convert; returns the
+    converted graph and what the normalisation changed."""
+    require("torchao", "PT2E quantization", PassError)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
+
+    gm = export_dynamic(model.eval(), example).module()
+    changes = normalise(gm, model)
+    quantizer = X86InductorQuantizer().set_global(x86_config(observer, per_channel))
+    for name in keep:
+        quantizer.set_module_name_qconfig(name, None)
+        for split in changes["calls_split"]:
+            if split.split("@")[0] == name:
+                quantizer.set_module_name_qconfig(split, None)
+    for tp in keep_types:
+        quantizer.set_module_type_qconfig(tp, None)
+    try:
+        prepared = prepare_pt2e(gm, quantizer)
+    except Exception as exc:
+        raise PassError(
+            f"the X86 quantizer cannot annotate this graph: {first_line(exc, 200)}",
+            hint="use `mode: fx`, or `keep_float` the module it names",
+        ) from exc
+    calibrate(prepared)
+    return convert_pt2e(prepared), changes
+
+
+def example_signature(example: Any) -> str:
+    return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors(example))

@@ -1,0 +1,208 @@
+"""``quantize.static``: int8 weights and activations, calibrated on the calibration split.
+
+``mode: auto`` (the default) chooses by evidence, not by whether a call raised: it builds the FX
+variant and reads its converted graph (how many convolutions/linears really run in int8, standalone
+BatchNorms), its fidelity to the float model and its speed on a calibration batch. FX is kept when
+it is whole, faithful and faster; otherwise PT2E is built (and compiled) and the better of the two
+is chosen, with the figures of both and the reason recorded in the variant's info.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PassError, first_line
+from ..evaluate.graph import inspect_fx, inspect_pt2e
+from ..evaluate.latency import measure_latency
+from ..inputs import call, select_output
+from ..onnx_runtime import compare_outputs
+from ..registry import register_pass
+from ..runtime import check_backend, compiled, quantized_engine
+from ..variant import PassContext, Variant
+from ._select import match_modules, require_float
+from .pt2e import quantize_pt2e
+from .quantize import StaticOptions, calibrate, module_types, static_eager, static_fx
+
+log = logging.getLogger("torchtame")
+
+MIN_COSINE = 0.99  # what auto asks of a mode's outputs on a calibration batch, against float
+
+
+def build(mode: str, model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
+    """The int8 model in one graph mode."""
+    if mode == "pt2e":
+        if opts.activation_symmetric:
+            raise PassError(
+                "PT2E's x86 int8 kernels take affine (uint8) activations only",
+                hint="drop `activation_symmetric` or use `mode: fx`",
+            )
+        converted, changes = quantize_pt2e(
+            model,
+            ctx.example_input,
+            lambda prepared: calibrate(prepared, ctx, opts.calibration_batches, "calibrate (pt2e)"),
+            observer=opts.activation_observer,
+            per_channel=opts.weight_granularity == "per_channel",
+            keep=match_modules(model, opts.keep_float, "keep_float"),
+            keep_types=tuple(module_types(opts.keep_float_types)),
+        )
+        converted.meta["torchtame_normalised"] = changes
+        return converted
+    with quantized_engine(backend):
+        return (static_fx if mode == "fx" else static_eager)(model, ctx, opts, backend)
+
+
+def inspect(mode: str, q: nn.Module) -> dict[str, Any]:
+    return inspect_pt2e(q) if mode == "pt2e" else inspect_fx(q)  # type: ignore[arg-type]
+
+
+def trial(
+    mode: str, model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str, ref: dict[str, Any]
+) -> tuple[nn.Module | None, dict[str, Any]]:
+    """Build one mode and judge it: int8 coverage, fidelity and speed against float eager."""
+    try:
+        q = build(mode, copy.deepcopy(model), ctx, opts, backend)
+    except PassError as exc:
+        return None, {"error": first_line(exc.message, 240), "hint": exc.hint}
+    except Exception as exc:  # a library bug in one mode must not stop the other from being tried
+        return None, {"error": f"{type(exc).__name__}: {first_line(exc, 200)}"}
+    graph = inspect(mode, q)
+    run = compiled(q) if mode == "pt2e" else q
+    x = ref["x"]
+    with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
+        t0 = time.perf_counter()
+        out = select_output(call(run, x), ctx.output)
+        first_call_s = time.perf_counter() - t0
+        ms = measure_latency(lambda v: call(run, v), x, warmup=2, min_runs=5, min_time_s=0.2).p50_ms
+    fid = compare_outputs(ref["out"], out)
+    figures = {
+        "int8_layers": f"{graph['int8_layers']}/{graph['weight_layers']}",
+        "standalone_batchnorms": graph.get("standalone_batchnorms", 0),
+        "cosine": round(fid["cosine_similarity"], 5),
+        "speedup_vs_float": round(ref["ms"] / ms, 3),
+        "p50_ms": round(ms, 4),
+        "batch_size": int(ref["batch"]),
+        **({"compile_s": round(first_call_s, 2)} if mode == "pt2e" else {}),
+    }
+    if "top1_agreement" in fid:
+        figures["agreement"] = round(100 * fid["top1_agreement"], 2)
+    return q, figures
+
+
+def _shortfalls(figures: dict[str, Any], kept: int) -> list[str]:
+    """Why a mode is not good enough (empty when it is whole, faithful and faster)."""
+    if "error" in figures:
+        return [f"failed: {figures['error']}"]
+    out = []
+    done, total = (int(v) for v in figures["int8_layers"].split("/"))
+    if done + kept < total:
+        out.append(f"{total - done - kept} of {total} weight layers left float")
+    if figures["standalone_batchnorms"]:
+        out.append(f"{figures['standalone_batchnorms']} BatchNorms not folded")
+    if figures["cosine"] < MIN_COSINE:
+        out.append(f"cosine {figures['cosine']:.4f} < {MIN_COSINE}")
+    if figures["speedup_vs_float"] < 1.0:
+        out.append(f"{figures['speedup_vs_float']:.2f}x the float model's speed")
+    return out
+
+
+def choose(
+    model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str
+) -> tuple[nn.Module, str, dict]:
+    """``mode: auto``: FX if it holds up, else the better of FX and PT2E (see the module docstring)."""
+    x = next(iter(ctx.data.calibration))[0]
+    with torch.inference_mode():
+        out = select_output(call(model, x), ctx.output)
+        ms = measure_latency(lambda v: call(model, v), x, warmup=2, min_runs=5, min_time_s=0.2).p50_ms
+    ref = {"x": x, "out": out, "ms": ms, "batch": out.shape[0]}
+    kept = len(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else 0
+    trials: dict[str, dict[str, Any]] = {}
+    built: dict[str, nn.Module] = {}
+    for mode in ("fx", "pt2e"):
+        ctx.progress.status(f"quantize.static auto: trying {mode}")
+        q, trials[mode] = trial(mode, model, ctx, opts, backend, ref)
+        if q is not None:
+            built[mode] = q
+        trials[mode]["shortfalls"] = _shortfalls(trials[mode], kept)
+        if mode == "fx" and q is not None and not trials[mode]["shortfalls"]:
+            break
+    if not built:
+        hints = [t["hint"] for t in trials.values() if t.get("hint")]
+        raise PassError(
+            "static int8 failed in every graph mode: "
+            + "; ".join(f"{m}: {t['error']}" for m, t in trials.items() if "error" in t),
+            hint="; ".join([*hints[:1], "or use quantize.dynamic (Linear/RNN layers) or quantize.onnx"]),
+        )
+
+    def rank(mode: str) -> tuple[bool, bool, float, float]:
+        """Faithful first, then whole (no shortfall left), then faster, then closer."""
+        t = trials[mode]
+        faithful = t["cosine"] >= MIN_COSINE
+        return (faithful, not t["shortfalls"], t["speedup_vs_float"] if faithful else 0.0, t["cosine"])
+
+    chosen = max(built, key=rank)
+    t = trials[chosen]
+    reason = (
+        f"{chosen}: {t['int8_layers']} layers int8, cosine {t['cosine']:.4f}, "
+        f"{t['speedup_vs_float']:.2f}x float at batch {t['batch_size']}"
+    )
+    others = [
+        f"{m}: {', '.join(v['shortfalls'])}" for m, v in trials.items() if m != chosen and v["shortfalls"]
+    ]
+    if others:
+        reason += "; " + "; ".join(others)
+    if t["shortfalls"]:
+        reason += f" (chosen as the best available; it still has: {', '.join(t['shortfalls'])})"
+    log.info("quantize.static mode auto chose %s", reason)
+    return built[chosen], chosen, {"chosen": chosen, "reason": reason, "trials": trials}
+
+
+@register_pass("quantize.static", StaticOptions)
+def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
+    """Static int8 post-training quantization calibrated on the calibration split."""
+    assert model is not None
+    require_float(
+        ctx,
+        "quantize.static",
+        "start this step `from:` a float variant (baseline, pruned, fine-tuned)",
+        float32=True,
+    )
+    backend = check_backend(opts.backend)
+    choice: dict[str, Any] | None = None
+    if opts.mode == "auto":
+        q, mode, choice = choose(model, ctx, opts, backend)
+    else:
+        mode = opts.mode
+        q = build(mode, model, ctx, opts, backend)
+    batches = (
+        len(ctx.data.calibration)
+        if opts.calibration_batches is None
+        else min(opts.calibration_batches, len(ctx.data.calibration))
+    )
+    info: dict[str, Any] = {
+        "mode": mode,
+        "backend": backend if mode != "pt2e" else "x86 inductor",
+        "calibration_batches": batches,
+        "observer": opts.activation_observer,
+        "weight_granularity": opts.weight_granularity,
+        "kept_float": [*opts.keep_float, *opts.keep_float_types],
+        "graph": inspect(mode, q),
+    }
+    if mode == "pt2e":
+        info["normalised"] = q.meta.get("torchtame_normalised")  # type: ignore[union-attr]
+    if choice is not None:
+        info["mode_choice"] = choice
+    return ctx.variant(
+        q,
+        quantized=True,
+        devices="cpu_only",
+        backend=backend if mode != "pt2e" else None,
+        dtype="int8",
+        compiled=mode == "pt2e",
+        info=info,
+    )
