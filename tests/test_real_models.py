@@ -83,9 +83,10 @@ def test_bert_from_a_local_directory_runs_every_pass(bert_dir: Path, tmp_path: P
     }
     for name in ("onnx-int8", "onnx-int8-dynamic"):
         assert _ok(by[name])["accuracy"]["cosine_similarity"] >= 0.95, name
-    static = by["int8-static"]
-    if static["status"] != "ok":  # FX cannot take keyword inputs; the message names what to use
-        assert "pt2e" in static["error"] and "quantize.dynamic" in static["error"]
+    static = _ok(by["int8-static"])  # FX cannot take keyword inputs; auto goes on to PT2E
+    assert static["info"]["mode"] == "pt2e" and "keyword inputs" in static["info"]["mode_choice"]["reason"]
+    assert static["info"]["graph"]["int8_layers"] == static["info"]["graph"]["weight_layers"] == 13
+    assert static["accuracy"]["cosine_similarity"] >= 0.99
     md = (by["result"].run_dir / "report.md").read_text()
     assert "not class scores" in md and "| cosine |" in md
 

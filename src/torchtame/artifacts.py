@@ -57,6 +57,10 @@ def save_module(variant: Variant, directory: Path, example: Any) -> Path:
     with caught("save"):
         if isinstance(variant.module, torch.fx.GraphModule) and variant.compiled:
             return _export(variant, example, directory / "model.pt2")
+        if variant.compiled:  # torchao tensor subclasses pickle whole, not through TorchScript
+            path = directory / "model.pt"
+            torch.save(variant.module, path)
+            return path
         if variant.quantized:
             return _trace(variant, example, directory / "model.ts")
         path = directory / "model.pt"

@@ -149,7 +149,9 @@ def main() -> None:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Continue an interrupted or failed run in this directory, skipping finished variants.",
 )
-@click.option("--strict", is_flag=True, help="Exit 1 if any variant failed.")
+@click.option(
+    "--strict", is_flag=True, help="Exit 1 if any variant failed or has an error-level health finding."
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display; only warnings and the table.")
 def run_cmd(
@@ -188,6 +190,14 @@ def run_cmd(
     failed = [v["name"] for v in result.results["variants"] if v["status"] != "ok"]
     if failed:
         err.print(f"[yellow]{len(failed)} variant(s) failed:[/] {', '.join(failed)} (see report.md)")
+    errors = [
+        f"{v['name']}: {f['message']}"
+        for v in result.results["variants"]
+        for f in v.get("health") or []
+        if f["level"] == "error"
+    ]
+    for line in errors[:5]:
+        err.print(f"[red]health error[/] {escape(line)}", highlight=False, soft_wrap=True)
     sel = result.results.get("selection")
     if sel:
         if sel["chosen"]:
@@ -195,7 +205,7 @@ def run_cmd(
         else:
             out.print(f"[yellow]no variant meets every constraint;[/] best found: {sel['best_found']}")
     out.print(f"run directory: {result.run_dir}", highlight=False)
-    if strict and failed:
+    if strict and (failed or errors):
         sys.exit(1)
 
 

@@ -84,6 +84,21 @@ def repeat_batch(x: Inputs, n: int) -> Inputs:
     return map_tensors(x, rep)
 
 
+def take(x: Inputs, n: int) -> Inputs:
+    """The first ``n`` samples of ``x``."""
+    return map_tensors(x, lambda t: t[:n])
+
+
+def concat(a: Inputs, b: Inputs) -> Inputs:
+    """Two batches of the same structure joined along the batch dimension."""
+    if isinstance(a, torch.Tensor):
+        return torch.cat([a, b])
+    if isinstance(a, Mapping):
+        return {k: torch.cat([v, b[k]]) for k, v in a.items()}
+    joined = [torch.cat([u, v]) for u, v in zip(a, b, strict=True)]
+    return tuple(joined) if isinstance(a, tuple) else joined
+
+
 def call(model: Callable[..., Any], x: Inputs) -> Any:
     """``model(x)``, ``model(*x)`` or ``model(**x)`` for a tensor, a tuple/list or a dict."""
     if isinstance(x, torch.Tensor):

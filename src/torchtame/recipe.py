@@ -82,6 +82,17 @@ class LatencyConfig(Strict):
         return self
 
 
+class HealthConfig(Strict):
+    """When a variant gets a health finding (see ``evaluate/health.py``)."""
+
+    enabled: bool = True
+    min_cosine: float = Field(0.9, ge=-1, le=1, description="Fidelity collapsed below this cosine.")
+    min_agreement: float = Field(50.0, ge=0, le=100, description="...or below this top-1 agreement (%).")
+    slower_tolerance: float = Field(
+        0.05, ge=0, description="Slower than its parent by more than this fraction is a finding."
+    )
+
+
 class EvaluateConfig(Strict):
     metrics: list[str] = Field(
         default_factory=lambda: ["top1", "top5", "fidelity"],
@@ -90,6 +101,7 @@ class EvaluateConfig(Strict):
     )
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     macs: bool = True
+    health: HealthConfig = Field(default_factory=HealthConfig)
     output: str | int | None = Field(
         None,
         description="Which output of the model is measured: a dict/ModelOutput key or a tuple index "

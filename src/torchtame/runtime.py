@@ -63,10 +63,12 @@ def no_mha_fastpath() -> Iterator[None]:
 
 def compiled(module: torch.nn.Module) -> Callable[..., Any]:
     """``torch.compile`` for inference with Inductor's weight freezing, which int8 PT2E graphs need
-    for their quantize/dequantize patterns to become int8 kernels. Compiles on the first call."""
+    for their quantize/dequantize patterns to become int8 kernels. Compiles on the first call, one
+    static graph per input shape: Inductor's dynamic-shape recompile of int8 convolutions fails
+    a stride assertion in torch 2.14 (first batch 1, then 64), static graphs do not."""
     import torch._inductor.config as inductor_config
 
-    fn = torch.compile(module)
+    fn = torch.compile(module, dynamic=False)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         with inductor_config.patch(freezing=True):

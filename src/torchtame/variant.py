@@ -57,7 +57,10 @@ class Variant:
         if self.devices == "cpu_only" and on_cuda:
             return False, "cpu only (torch.ao quantized kernels run on the CPU)"
         if self.devices == "cuda_only" and not on_cuda:
-            return False, "cuda only (float16 is slow or unsupported on the CPU)"
+            return (
+                False,
+                f"cuda only ({self.info.get('cuda_only', 'float16 is slow or unsupported on the CPU')})",
+            )
         if self.kind == "onnx" and on_cuda and not cuda_provider_available():
             return False, "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
         return True, ""

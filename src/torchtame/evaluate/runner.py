@@ -43,7 +43,7 @@ def make_runner(
         return
     assert variant.module is not None
     module = variant.module
-    module.to(device)
+    _move(module, device)
     fn = compiled(module) if variant.compiled else module
     ctx = torch.inference_mode if inference_mode else torch.no_grad
     saved_threads = torch.get_num_threads()
@@ -65,6 +65,17 @@ def make_runner(
             yield run, prepare
     finally:
         torch.set_num_threads(saved_threads)
-        module.to("cpu")
+        _move(module, "cpu")
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+def _move(module: torch.nn.Module, device: str) -> None:
+    """Move a module only where it is not there yet (tensor subclasses, such as torchao's, refuse
+    a parameter swap even onto their own device)."""
+    target = torch.device(device)
+    tensors = [*module.parameters(), *module.buffers()]
+    if any(
+        t.device.type != target.type or (target.index is not None and t.device != target) for t in tensors
+    ):
+        module.to(device)

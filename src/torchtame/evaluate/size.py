@@ -23,7 +23,10 @@ def _count(tensors: list[torch.Tensor]) -> tuple[int, int]:
         if t.is_quantized:
             t = t.int_repr()
         total += t.numel()
-        nonzero += int(torch.count_nonzero(t).item()) if t.numel() else 0
+        try:
+            nonzero += int(torch.count_nonzero(t).item()) if t.numel() else 0
+        except (NotImplementedError, RuntimeError):  # tensor subclasses (torchao) without the op
+            nonzero += t.numel()
     return total, nonzero
 
 

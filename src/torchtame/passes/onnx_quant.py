@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,7 +13,8 @@ from torch import nn
 
 from .._warnings import caught, quiet_root_logger
 from ..errors import first_line
-from ..inputs import repeat_batch
+from ..evaluate.graph import inspect_onnx
+from ..inputs import batch_size, concat, repeat_batch, take
 from ..onnx_runtime import feed, session
 from ..options import Strict
 from ..registry import register_pass
@@ -32,18 +35,31 @@ class OnnxQuantOptions(Strict):
     activation_type: Literal["int8", "uint8"] = "uint8"
     preprocess: bool = Field(True, description="Run quant_pre_process (shape inference) first.")
     reduce_range: bool = False
+    nodes_to_exclude: list[str] = Field(
+        default_factory=list, description="ONNX node names kept in float (see the variant's graph info)."
+    )
+    op_types_to_quantize: list[str] | None = Field(
+        None, description="Only these op types (e.g. [Conv, MatMul]); default: every supported one."
+    )
     export: OnnxOptions = Field(
         default_factory=OnnxOptions, description="Used when the source is a torch variant."
     )
 
 
 class _Reader:
-    """onnxruntime CalibrationDataReader over the recipe's calibration loader (inputs by name)."""
+    """onnxruntime CalibrationDataReader over the recipe's calibration loader (inputs by name).
+
+    onnxruntime's Percentile and Entropy calibrators stack the outputs of every batch, so every
+    batch must have the same shape: a ragged last batch is topped up with samples from the start
+    of the split (a handful of samples counted twice, rather than a crash or dropped data)."""
 
     def __init__(self, loader: Any, sess: Any, batches: int | None) -> None:
+        self.loader = loader
         self._it = iter(loader)
         self.sess = sess
         self.left = batches if batches is not None else len(loader)
+        self.size: int | None = None
+        self.topped_up = 0
 
     def get_next(self) -> dict[str, Any] | None:
         if self.left <= 0:
@@ -52,7 +68,16 @@ class _Reader:
         if batch is None:
             return None
         self.left -= 1
-        return feed(self.sess, batch[0])
+        x = batch[0]
+        n = batch_size(x)
+        if self.size is None:
+            self.size = n
+        elif n < self.size:
+            first = next(iter(self.loader))[0]
+            extra = take(repeat_batch(first, self.size - n), self.size - n)
+            x = concat(x, extra)
+            self.topped_up += self.size - n
+        return feed(self.sess, x)
 
 
 def preprocess(source: Path, out: Path) -> Path:
@@ -92,7 +117,13 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         source = preprocess(source, ctx.work_dir / "preprocessed.onnx")
     out = ctx.work_dir / "model.onnx"
     qtype = {"int8": oq.QuantType.QInt8, "uint8": oq.QuantType.QUInt8}
-    with caught("onnxruntime.quantization"), quiet_root_logger():
+    reader = _Reader(ctx.data.calibration, reader_session, opts.calibration_batches)
+    with (
+        caught("onnxruntime.quantization"),
+        quiet_root_logger(),
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+    ):
         if opts.mode == "dynamic":
             oq.quantize_dynamic(
                 str(source),
@@ -100,18 +131,22 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
                 weight_type=qtype[opts.weight_type],
                 per_channel=opts.per_channel,
                 reduce_range=opts.reduce_range,
+                nodes_to_exclude=opts.nodes_to_exclude,
+                op_types_to_quantize=opts.op_types_to_quantize,
             )
         else:
             oq.quantize_static(
                 str(source),
                 str(out),
-                _Reader(ctx.data.calibration, reader_session, opts.calibration_batches),
+                reader,
                 quant_format=oq.QuantFormat.QDQ if opts.format == "QDQ" else oq.QuantFormat.QOperator,
                 per_channel=opts.per_channel,
                 reduce_range=opts.reduce_range,
                 weight_type=qtype[opts.weight_type],
                 activation_type=qtype[opts.activation_type],
                 calibrate_method=getattr(oq.CalibrationMethod, opts.calibration_method),
+                nodes_to_exclude=opts.nodes_to_exclude,
+                op_types_to_quantize=opts.op_types_to_quantize,
             )
     for tmp in ctx.work_dir.glob("*.onnx"):
         if tmp != out:
@@ -128,5 +163,8 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
             "format": opts.format,
             "per_channel": opts.per_channel,
             "calibration_method": opts.calibration_method if opts.mode == "static" else None,
+            "calibration_samples_repeated": reader.topped_up if opts.mode == "static" else None,
+            "nodes_excluded": opts.nodes_to_exclude,
+            "graph": inspect_onnx(out),
         },
     )

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import PassError, first_line
-from ..evaluate.graph import inspect_fx, inspect_pt2e
+from ..evaluate.graph import WEIGHT_MODULES, inspect_fx, inspect_pt2e
 from ..evaluate.latency import measure_latency
 from ..inputs import call, select_output
 from ..onnx_runtime import compare_outputs
@@ -94,6 +94,18 @@ def trial(
     return q, figures
 
 
+def kept_layers(model: nn.Module, opts: StaticOptions) -> int:
+    """Weight layers the user keeps float on purpose: by name, inside a kept module, or by type."""
+    names = match_modules(model, opts.keep_float, "keep_float") if opts.keep_float else []
+    types = tuple(module_types(opts.keep_float_types))
+    return sum(
+        1
+        for n, m in model.named_modules()
+        if isinstance(m, WEIGHT_MODULES)
+        and ((types and isinstance(m, types)) or any(n == k or n.startswith(k + ".") for k in names))
+    )
+
+
 def _shortfalls(figures: dict[str, Any], kept: int) -> list[str]:
     """Why a mode is not good enough (empty when it is whole, faithful and faster)."""
     if "error" in figures:
@@ -120,7 +132,7 @@ def choose(
         out = select_output(call(model, x), ctx.output)
         ms = measure_latency(lambda v: call(model, v), x, warmup=2, min_runs=5, min_time_s=0.2).p50_ms
     ref = {"x": x, "out": out, "ms": ms, "batch": out.shape[0]}
-    kept = len(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else 0
+    kept = kept_layers(model, opts)
     trials: dict[str, dict[str, Any]] = {}
     built: dict[str, nn.Module] = {}
     for mode in ("fx", "pt2e"):

@@ -22,6 +22,9 @@ from .._warnings import caught
 from ..data import DataBundle
 from ..devices import resolve_device, resolve_devices
 from ..errors import RunError, TorchtameError, first_line
+from ..evaluate.health import Thresholds
+from ..evaluate.health import check as check_health
+from ..evaluate.health import summary as health_summary
 from ..progress import NullProgress, Progress
 from ..recipe import Recipe, load_recipe
 from ..variant import Variant
@@ -220,6 +223,7 @@ class Pipeline:
                     measured = {**made, "artifact": self.store.relative(files)}
                     measured.update(self.measurer.measure(v, files, parent))
                 entry.update(measured)
+                self._check_health(entry, parent)
             except TorchtameError as exc:
                 error = f"measuring failed: {exc}"
             except Exception as exc:
@@ -239,6 +243,16 @@ class Pipeline:
         self.store.add(entry)
         return entry
 
+    def _check_health(self, entry: dict[str, Any], parent: dict[str, Any] | None) -> None:
+        cfg = self.recipe.evaluate.health
+        if not cfg.enabled:
+            return
+        thresholds = Thresholds(cfg.min_cosine, cfg.min_agreement, cfg.slower_tolerance)
+        entry["health"] = check_health(entry, parent, self.task, thresholds)
+        for f in entry["health"]:
+            if f["level"] != "info":
+                log.debug("%s: %s. Next: %s", entry["name"], f["message"], f["suggestion"])
+
     # ----------------------------------------------------------------- output
 
     def finish(self, status: str, error: str | None = None) -> None:
@@ -250,6 +264,15 @@ class Pipeline:
                 sum(self.warnings.values()),
                 len(self.warnings),
                 top,
+            )
+        self.results["health"] = health_summary(self.results)
+        counts = self.results["health"]
+        if counts["error"] or counts["warning"]:
+            log.warning(
+                "health: %d error(s), %d warning(s): %s (details and next steps in report.md)",
+                counts["error"],
+                counts["warning"],
+                counts["line"],
             )
         self.store.finish(status, error)
         if status == "complete" or self.results["variants"]:

@@ -22,6 +22,14 @@ from ..variant import Variant
 log = logging.getLogger("torchtame")
 
 
+def output_stats(outputs: torch.Tensor) -> dict[str, Any]:
+    """How much the measured output varies between samples (nearly constant outputs make
+    fidelity figures meaningless: random weights, a dead network)."""
+    flat = outputs.float().reshape(outputs.shape[0], -1)
+    spread = flat.std(dim=0).mean().item() if flat.shape[0] > 1 else float("nan")
+    return {"shape": list(outputs.shape[1:]), "max_abs": flat.abs().max().item(), "spread": spread}
+
+
 @dataclass
 class Measurer:
     """Measures every variant of a run the same way; keeps the baseline's outputs for fidelity."""
@@ -66,6 +74,8 @@ class Measurer:
                     self.progress.status(f"{v.name}: accuracy on {device}")
                     outputs, labels = predict(run, prepare, self.data.evaluation, self.output)
                     out["accuracy"] = self.accuracy(v.name, outputs, labels, device)
+                    if v.name == "baseline":
+                        out["outputs"] = output_stats(outputs)
                 if not lat.enabled:
                     continue
                 for bs in lat.batch_sizes:

@@ -57,6 +57,7 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
                     "agreement": row.agreement,
                     "cosine": row.cosine,
                     "headline": dict(zip(("metric", "value"), row.headline, strict=True)),
+                    "health": row.health,
                     "size_bytes": row.size_bytes,
                     "size_ratio": row.size_ratio,
                     "params": row.params,
@@ -79,6 +80,7 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
     head = ["run", "variant", "status", *Row.SUMMARY_HEAD]
     for d, b in keys:
         head += [f"{d} b{b} p50 ms", "speed-up"]
+    head.append("flags")
     body = []
     for label, row in all_rows:
         cells = [label, row.name, row.status, *row.summary_cells()]
@@ -86,7 +88,7 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
             m = row.latency.get(k)
             s = row.speedup.get(k)
             cells += [fmt_num(m["p50_ms"], 3) if m else "-", f"{s:.2f}x" if s else "-"]
-        body.append(cells)
+        body.append([*cells, row.flags or "-"])
     if fmt == "table":
         table = Table(title=f"torchtame compare: {len(runs)} runs")
         for h in head:

@@ -112,6 +112,7 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1280px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1rem 0}
+.scroll{overflow-x:auto;max-width:100%}th{white-space:normal}td{white-space:nowrap}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}tr.failed td{color:#b00}
 .plots{display:flex;flex-wrap:wrap;gap:1rem}.plots figure{margin:0}figcaption{font-weight:600}
@@ -139,7 +140,8 @@ def render_html(results: dict[str, Any], recipe_yaml: str | None = None) -> str:
         f"<style>{CSS}</style></head><body>",
         f"<h1>torchtame report: {name}</h1>",
         *[f"<p>{esc(line).replace('**', '')}</p>" for line in intro(results)],
-        f"<h2>Variants</h2><table><thead><tr>{thead}</tr></thead><tbody>{tbody}</tbody></table>",
+        f"<h2>Variants</h2><div class='scroll'><table><thead><tr>{thead}</tr></thead>"
+        f"<tbody>{tbody}</tbody></table></div>",
         f"<p>{esc(latency_note(results))}</p>",
         f"<div class='plots'>{figs}</div>",
     ]
@@ -151,11 +153,11 @@ def render_html(results: dict[str, Any], recipe_yaml: str | None = None) -> str:
     shead, sbody = sensitivity_table(results)
     if sbody:
         note = sensitivity_note((results.get("search") or {}).get("sensitivity", {}))
-        parts.append(f"<h2>Sensitivity</h2><p>{esc(note)}</p><table><thead><tr>")
+        parts.append(f"<h2>Sensitivity</h2><p>{esc(note)}</p><div class='scroll'><table><thead><tr>")
         parts.append("".join(f"<th>{esc(h)}</th>" for h in shead))
         parts.append("</tr></thead><tbody>")
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in sbody]
-        parts.append("</tbody></table>")
+        parts.append("</tbody></table></div>")
     for title, items in sections(results):
         parts.append(f"<h2>{esc(title)}</h2><ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>")
     if recipe_yaml:

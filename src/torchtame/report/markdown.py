@@ -19,13 +19,13 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
     head = ["variant", "from", "pass", "dtype", *Row.SUMMARY_HEAD]
     for device, bs in keys:
         head += [f"{device} b{bs} p50 ms", "p90 ms", "speed-up"]
-    head.append("status")
+    head += ["flags", "status"]
     body = []
     for r in rows:
         cells = [r.name, r.parent or "", r.pass_name, r.dtype]
         if r.status != "ok":
             error = first_line(r.error, 160)
-            body.append([*cells, *["-"] * (len(Row.SUMMARY_HEAD) + 3 * len(keys)), f"failed: {error}"])
+            body.append([*cells, *["-"] * (len(Row.SUMMARY_HEAD) + 3 * len(keys) + 1), f"failed: {error}"])
             continue
         cells += r.summary_cells()
         for k in keys:
@@ -38,7 +38,7 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
                 f"{s:.2f}x" if s else "-",
             ]
         chosen = (results.get("selection") or {}).get("chosen") == r.name
-        body.append([*cells, "ok, chosen" if chosen else "ok"])
+        body.append([*cells, r.flags or "-", "ok, chosen" if chosen else "ok"])
     return head, body
 
 
@@ -53,9 +53,22 @@ def latency_note(results: dict[str, Any]) -> str:
     )
 
 
+def health_lines(results: dict[str, Any]) -> list[str]:
+    """One line per health finding: the variant, what is wrong, and the next step to try."""
+    marks = {"error": "✖ error", "warning": "⚠ warning", "info": "info"}
+    lines = []
+    for v in results.get("variants", []):
+        for f in v.get("health") or []:
+            lines.append(f"`{v['name']}` {marks[f['level']]}: {f['message']}. Next: {f['suggestion']}.")
+    return lines
+
+
 def sections(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(title, bullet items) of the sections after the table."""
     out: list[tuple[str, list[str]]] = []
+    health = health_lines(results)
+    if health:
+        out.append(("Health", health))
     skipped = {(d["device"], d["reason"]) for v in results["variants"] for d in v.get("skipped_devices", [])}
     if skipped:
         out.append(("Not measured", [f"{dev}: {reason}" for dev, reason in sorted(skipped)]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..evaluate.health import flags as flag_cell
+
 MB = 1024 * 1024
 
 
@@ -53,6 +55,12 @@ class Row:
         return None if self.size_bytes is None else self.size_bytes / MB
 
     task: str = "classification"
+    health: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def flags(self) -> str:
+        """Errors and warnings of the health checks, e.g. ``✖ fidelity ⚠ slower``."""
+        return flag_cell(self.health)
 
     SUMMARY_HEAD = (
         "top-1 %",
@@ -116,6 +124,7 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
                 skipped=v.get("skipped_devices", []),
                 error=v.get("error"),
                 task=task,
+                health=v.get("health") or [],
             )
         )
     return rows

@@ -23,13 +23,14 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
         table.add_column(col, justify="left" if col in ("variant", "dtype") else "right")
     for device, bs in keys:
         table.add_column(f"{device} b{bs}\np50 ms (x)", justify="right")
+    table.add_column("flags", justify="left")
     for r in rows:
         if r.status != "ok":
             table.add_row(
                 f"[red]{r.name}[/red]",
                 "failed",
                 escape(first_line(r.error, 70)),
-                *[""] * (4 + len(keys)),
+                *[""] * (5 + len(keys)),
             )
             continue
         cells = [
@@ -49,8 +50,15 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
                 continue
             s = r.speedup.get(k)
             cells.append(f"{m['p50_ms']:.3f} ({s:.2f}x)" if s else f"{m['p50_ms']:.3f}")
+        flags = r.flags
+        cells.append(
+            f"[red]{flags}[/red]" if "✖" in flags else (f"[yellow]{flags}[/yellow]" if flags else "")
+        )
         table.add_row(*cells)
     unavailable = [d for d in results.get("devices", []) if not d.get("available")]
-    if unavailable:
-        table.caption = "; ".join(f"{d['requested']}: {d['reason']}" for d in unavailable)
+    notes = [f"{d['requested']}: {d['reason']}" for d in unavailable]
+    if any(r.flags for r in rows):
+        notes.append("flags: health findings (✖ error, ⚠ warning); details and next steps in report.md")
+    if notes:
+        table.caption = "; ".join(notes)
     return table

@@ -1,0 +1,290 @@
+"""Health checks: every built variant is checked before it is reported.
+
+A variant that is slower than the variant it was made from, whose fidelity collapsed, whose int8
+graph left layers in float or BatchNorms unfolded, whose ONNX graph kept nodes in float, is a
+finding: a code, a level (``error`` | ``warning`` | ``info``), a message with the figures, and the
+next step to try. Findings are written to results.json (``health``), flagged in the terminal
+table, the report and compare, and summarised once in the log; ``--strict`` fails a run with an
+error-level finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+LEVELS = ("error", "warning", "info")
+FLAG = {
+    "fidelity_collapsed": "fidelity",
+    "slower_than_parent": "slower",
+    "float_layers": "float layers",
+    "unfused_batchnorm": "unfused BN",
+    "onnx_float_nodes": "float nodes",
+    "degenerate_outputs": "degenerate",
+    "larger_than_parent": "larger",
+    "float_islands": "islands",
+    "fixed_axes": "fixed axes",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a finding is raised (``evaluate.health`` in the recipe)."""
+
+    min_cosine: float = 0.9
+    min_agreement: float = 50.0
+    slower_tolerance: float = 0.05
+
+
+def finding(code: str, level: str, message: str, suggestion: str, **figures: Any) -> dict[str, Any]:
+    return {"code": code, "level": level, "message": message, "suggestion": suggestion, **figures}
+
+
+def _slower_hint(entry: dict[str, Any]) -> str:
+    info = entry.get("info") or {}
+    kind, mode = entry.get("pass"), info.get("mode")
+    if kind == "quantize.static" and mode == "fx":
+        return (
+            "try `mode: pt2e` (compiled by Inductor) or quantize.onnx; at batch 1 int8 overhead can "
+            "exceed the gain"
+        )
+    if kind == "quantize.static":
+        return "try `mode: fx` or quantize.onnx; compiled int8 pays off at larger batches"
+    if kind == "quantize.dynamic":
+        return (
+            "dynamic int8 pays off for large Linear/LSTM layers at larger batches; try quantize.static "
+            "or quantize.onnx"
+        )
+    if kind == "quantize.half":
+        return "bfloat16/float16 is fast only on GPUs and CPUs with AMX or AVX512-BF16; keep float32 here"
+    if kind == "prune.structured":
+        return "prune more, or `round_to: 8` so the remaining widths suit the kernels"
+    if kind == "quantize.torchao":
+        return (
+            "torchao int8 is fast once compiled and at larger batches; try quantize.static or quantize.onnx"
+        )
+    return "keep the parent variant for this setting"
+
+
+def _fidelity_hint(entry: dict[str, Any], parent: dict[str, Any] | None) -> str:
+    kind = entry.get("pass")
+    if kind == "prune.structured" or (
+        kind == "export.onnx" and parent and parent.get("pass") == "prune.structured"
+    ):
+        return (
+            "fine-tune after pruning (a `finetune` step; `loss: distill` needs no labels), or prune less "
+            "(`ratio`, `layer_ratios`)"
+        )
+    if kind == "quantize.static":
+        return (
+            "keep the most sensitive layers float (`strategy: search` ranks them; `keep_float: [...]`), try "
+            "`mode: pt2e`, or quantize.onnx with `calibration_method: Percentile`"
+        )
+    if kind == "quantize.onnx":
+        return "try `calibration_method: Percentile` or `Entropy`, `per_channel: true`, or `nodes_to_exclude`"
+    if kind == "quantize.dynamic":
+        return "exclude the sensitive layers (`exclude: [...]`) or use float16 weights (`dtype: float16`)"
+    if kind == "quantize.half":
+        return "float16 overflows in this model: use `dtype: bfloat16`"
+    if kind == "finetune":
+        return "lower `lr` or train longer; check the train split"
+    return "compare the variant's outputs with its parent's to find the layer that diverges"
+
+
+def _latency(entry: dict[str, Any]) -> dict[tuple[str, int, int], float]:
+    return {(m["device"], m["batch_size"], m["threads"]): m["p50_ms"] for m in entry.get("latency") or []}
+
+
+def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+    mine, theirs = _latency(entry), _latency(parent)
+    shared = [k for k in mine if k in theirs and theirs[k] > 0]
+    slower = [k for k in shared if mine[k] > theirs[k] * (1 + t.slower_tolerance)]
+    if not slower:
+        return []
+    settings = ", ".join(f"{d} b{b} ({theirs[(d, b, n)] / mine[(d, b, n)]:.2f}x)" for d, b, n in slower)
+    everywhere = len(slower) == len(shared)
+    return [
+        finding(
+            "slower_than_parent",
+            "error" if everywhere else "warning",
+            f"slower than {parent['name']} at {settings}"
+            + (" (every measured setting)" if everywhere else ""),
+            _slower_hint(entry),
+            settings=[
+                {"device": d, "batch_size": b, "speedup": round(theirs[(d, b, n)] / mine[(d, b, n)], 3)}
+                for d, b, n in slower
+            ],
+        )
+    ]
+
+
+def check_fidelity(
+    entry: dict[str, Any], parent: dict[str, Any] | None, task: str, t: Thresholds
+) -> list[dict[str, Any]]:
+    acc = entry.get("accuracy") or {}
+    problems = []
+    cos = acc.get("cosine_similarity")
+    if cos is not None and cos < t.min_cosine:
+        problems.append(f"cosine {cos:.4f} < {t.min_cosine}")
+    agreement = acc.get("top1_agreement")
+    if task == "classification" and agreement is not None and agreement < t.min_agreement:
+        problems.append(f"top-1 agreement {agreement:.1f}% < {t.min_agreement:g}%")
+    if not problems:
+        return []
+    return [
+        finding(
+            "fidelity_collapsed",
+            "error",
+            "fidelity to the baseline collapsed: " + ", ".join(problems),
+            _fidelity_hint(entry, parent),
+        )
+    ]
+
+
+def check_graph(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    info = entry.get("info") or {}
+    graph = info.get("graph")
+    if not graph:
+        return []
+    out = []
+    kept = set(info.get("kept_float") or [])
+    float_layers = [n for n in graph.get("float_layers", []) if n not in kept]
+    total = graph.get("weight_layers", 0)
+    if graph.get("graph") == "onnx" and float_layers:
+        ops = ", ".join(f"{k} x{v}" for k, v in (graph.get("float_ops") or {}).items())
+        out.append(
+            finding(
+                "onnx_float_nodes",
+                "warning",
+                f"{len(float_layers)} of {total} weight nodes stayed float ({ops}): "
+                + ", ".join(float_layers[:4]),
+                "check `op_types_to_quantize` and `per_channel`; quant_pre_process helps shaped graphs",
+                count=len(float_layers),
+            )
+        )
+    elif float_layers:
+        mode = info.get("mode")
+        out.append(
+            finding(
+                "float_layers",
+                "warning",
+                f"{len(float_layers)} of {total} weight layers stayed float: {', '.join(float_layers[:4])}"
+                + (", ..." if len(float_layers) > 4 else ""),
+                "try `mode: pt2e`"
+                if mode == "fx"
+                else "list them in `keep_float` if that is intended, or try `mode: fx`",
+                count=len(float_layers),
+            )
+        )
+    if graph.get("standalone_batchnorms"):
+        n = graph["standalone_batchnorms"]
+        out.append(
+            finding(
+                "unfused_batchnorm",
+                "warning",
+                f"{n} BatchNorms run standalone in int8 (not folded into their convolutions): FX traced "
+                "through Conv2d subclasses into functional convolutions",
+                "use `mode: pt2e` (or `mode: auto`, which checks for this)",
+                count=n,
+            )
+        )
+    islands = graph.get("float_islands", 0)
+    if islands:
+        out.append(
+            finding(
+                "float_islands",
+                "info",
+                f"{islands} float islands (dequantize -> float ops -> quantize) in the int8 graph",
+                "each island costs a round trip to float; `mode: pt2e` fuses more patterns",
+                count=islands,
+            )
+        )
+    return out
+
+
+def check_size(entry: dict[str, Any], parent: dict[str, Any]) -> list[dict[str, Any]]:
+    mine = (entry.get("size") or {}).get("bytes")
+    theirs = (parent.get("size") or {}).get("bytes")
+    if not (entry.get("quantized") and mine and theirs and mine > theirs):
+        return []
+    return [
+        finding(
+            "larger_than_parent",
+            "warning",
+            f"the artefact is {mine / theirs:.2f}x the size of {parent['name']}'s ({mine} vs {theirs} B): "
+            "in a small model the format's overhead (graph, scales) outweighs the 4x smaller weights",
+            "for a small file, export to ONNX and quantize there (quantize.onnx)",
+        )
+    ]
+
+
+def check_outputs(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    stats = entry.get("outputs") or {}
+    spread = stats.get("spread")
+    if spread is None or spread > 1e-6:
+        return []
+    return [
+        finding(
+            "degenerate_outputs",
+            "warning",
+            f"the outputs barely vary between samples (spread {spread:.2g}, "
+            f"max |x| {stats.get('max_abs', 0):.2g}): "
+            "random or untrained weights? Fidelity figures then say little",
+            "load trained weights; for random models recalibrate BatchNorm statistics on real inputs",
+        )
+    ]
+
+
+def check_export(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    fixed = (entry.get("info") or {}).get("fixed_axes")
+    if not fixed:
+        return []
+    return [
+        finding(
+            "fixed_axes",
+            "info",
+            "the ONNX model has fixed axes the export asked to keep dynamic: " + "; ".join(fixed),
+            "feed inputs of exactly that size, or change the model so torch.export keeps the axis dynamic",
+        )
+    ]
+
+
+def check(
+    entry: dict[str, Any],
+    parent: dict[str, Any] | None,
+    task: str = "classification",
+    thresholds: Thresholds | None = None,
+) -> list[dict[str, Any]]:
+    """Every finding about one measured variant (``parent``: the entry it was built from)."""
+    t = thresholds or Thresholds()
+    out: list[dict[str, Any]] = []
+    if entry.get("status") != "ok":
+        return out
+    out += check_outputs(entry)
+    if parent is not None and parent.get("status") == "ok":
+        out += check_speed(entry, parent, t)
+        out += check_size(entry, parent)
+    out += check_fidelity(entry, parent, task, t)
+    out += check_graph(entry)
+    out += check_export(entry)
+    return sorted(out, key=lambda f: LEVELS.index(f["level"]))
+
+
+def flags(findings: list[dict[str, Any]]) -> str:
+    """The table's flag cell: errors and warnings, shortest first (info findings stay in the report)."""
+    marks = {"error": "✖", "warning": "⚠"}
+    return " ".join(
+        f"{marks[f['level']]} {FLAG.get(f['code'], f['code'])}" for f in findings if f["level"] in marks
+    )
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """Counts of findings per level over a run, and one line naming the worst."""
+    counts = {level: 0 for level in LEVELS}
+    worst = []
+    for v in results.get("variants", []):
+        for f in v.get("health") or []:
+            counts[f["level"]] += 1
+            if f["level"] != "info":
+                worst.append(f"{v['name']}: {FLAG.get(f['code'], f['code'])}")
+    return {**counts, "line": "; ".join(worst[:6]) + (f"; +{len(worst) - 6} more" if len(worst) > 6 else "")}

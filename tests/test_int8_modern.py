@@ -1,0 +1,262 @@
+"""Modern int8 on model code others wrote: PT2E (torchao) with every convolution quantized on
+torchvision and timm models, the evidence-based `mode: auto`, torchao schemes, MACs counted at the
+aten level, and onnxruntime calibration with ragged batches."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torchtame import PassError, apply_pass, load_data, run
+from torchtame.artifacts import load_module, save_module
+from torchtame.data import DigitsData, SyntheticData
+from torchtame.evaluate.macs import count_macs
+
+from .conftest import tiny_recipe
+from .samepad import Conv2dSame, ported_net
+
+pytest.importorskip("torchao")
+
+
+def images(size: int = 64, n: int = 16, batch: int = 8):
+    return load_data(
+        SyntheticData(source="synthetic", shape=[3, size, size], num_samples=n, batch_size=batch), 0
+    )
+
+
+def recalibrate_bn(model: nn.Module, data) -> nn.Module:
+    """BatchNorm statistics from the inputs, so that random weights give healthy activations."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for x, _ in data.calibration:
+            model(x)
+    return model.eval()
+
+
+def _torchvision(name: str) -> nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.get_model(name).eval()
+
+
+def _timm(name: str) -> nn.Module:
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    return timm.create_model(name).eval()
+
+
+@pytest.mark.parametrize(
+    ("build", "name", "layers"),
+    [
+        (_torchvision, "resnet18", 21),  # a ReLU module called twice per block
+        (_torchvision, "mobilenet_v2", 53),  # in-place hardtanh_
+        (_timm, "tf_efficientnet_lite0", 50),  # Conv2dSame: Conv2d subclasses that pad in forward
+    ],
+)
+def test_pt2e_quantizes_every_layer_of_third_party_models(build, name, layers) -> None:
+    data = images()
+    model = recalibrate_bn(build(name), data)
+    v = apply_pass("quantize.static", model, data, {"mode": "pt2e"})
+    graph = v.info["graph"]
+    assert (graph["int8_layers"], graph["weight_layers"]) == (layers, layers), graph["float_layers"]
+    assert v.compiled and v.devices == "cpu_only"
+    x = data.example_input(4)
+    with torch.inference_mode():
+        ref, out = model(x), v.module(x)
+    # random weights (with BatchNorm statistics from the inputs) amplify rounding more than trained
+    # ones; this is a sanity bar, benchmarks/int8_modes.py measures fidelity properly
+    assert torch.nn.functional.cosine_similarity(ref, out).mean() >= 0.8
+
+
+def test_auto_rejects_fx_on_a_ported_same_padding_model_and_says_why() -> None:
+    data = images(32, n=32, batch=16)
+    model = recalibrate_bn(ported_net(), data)
+    fx = apply_pass("quantize.static", model, data, {"mode": "fx"})
+    assert fx.info["graph"]["standalone_batchnorms"] == 5  # FX traced through the subclass
+    assert fx.info["graph"]["functional_int8_layers"] == 5
+    auto = apply_pass("quantize.static", model, data)
+    assert auto.info["mode"] == "pt2e"
+    assert auto.info["graph"]["standalone_batchnorms"] == 0
+    assert auto.info["graph"]["int8_layers"] == auto.info["graph"]["weight_layers"] == 6
+    choice = auto.info["mode_choice"]
+    assert choice["chosen"] == "pt2e" and "5 BatchNorms not folded" in choice["reason"]
+    assert {"fx", "pt2e"} <= set(choice["trials"]) and choice["trials"]["pt2e"]["cosine"] >= 0.99
+    assert auto.info["normalised"]["subclass_layers"]  # the convolutions were seen as nn.Conv2d
+
+
+def test_auto_keeps_fx_where_it_holds_up(trained_cnn, digits) -> None:
+    v = apply_pass("quantize.static", trained_cnn, digits)
+    assert v.info["mode"] == "fx" and "pt2e" not in v.info["mode_choice"]["trials"]
+    assert not v.info["mode_choice"]["trials"]["fx"]["shortfalls"]
+
+
+def test_pt2e_artefact_reloads_with_the_same_outputs(tmp_path: Path) -> None:
+    data = images(32, n=16)
+    model = recalibrate_bn(ported_net(), data)
+    v = apply_pass("quantize.static", model, data, {"mode": "pt2e"})
+    path = save_module(v, tmp_path, data.example_input(1))
+    assert path.suffix == ".pt2"
+    again = load_module(path)
+    x = data.example_input(5)  # another batch size than the export's example: a dynamic batch
+    with torch.inference_mode():
+        assert torch.allclose(v.module(x), again(x), atol=1e-5)
+
+
+def test_pt2e_variant_is_measured_compiled_with_compile_time_recorded(tmp_path: Path) -> None:
+    steps = [{"name": "int8", "pass": "quantize.static", "options": {"mode": "pt2e"}}]
+    result = run(tiny_recipe(tmp_path, steps=steps))
+    v = result.variant("int8")
+    assert v["status"] == "ok", v.get("error")
+    assert v["compiled"] and v["compile_s"]["cpu"] > 0 and v["artifact"][0].endswith("model.pt2")
+    assert v["accuracy"]["top1_drop"] <= 2.0
+    assert v["info"]["graph"]["int8_layers"] == v["info"]["graph"]["weight_layers"]
+
+
+def test_torchao_int8_dynamic_and_refusals(trained_mlp, digits, tmp_path: Path) -> None:
+    v = apply_pass("quantize.torchao", trained_mlp, digits)
+    assert v.quantized and v.compiled and v.info["quantized_layers"] == 3
+    x = digits.example_input(32)
+    with torch.inference_mode():
+        ref, out = trained_mlp(x), v.module(x)
+    assert torch.nn.functional.cosine_similarity(ref, out).mean() >= 0.99
+    path = save_module(v, tmp_path, digits.example_input(1))
+    with torch.inference_mode():
+        assert torch.equal(load_module(path)(x), out)
+    if not torch.cuda.is_available():
+        with pytest.raises(PassError, match="int4_weight_only needs a CUDA GPU"):
+            apply_pass("quantize.torchao", trained_mlp, digits, {"scheme": "int4_weight_only"})
+        with pytest.raises(PassError, match=r"compute capability 8\.9"):
+            apply_pass("quantize.torchao", trained_mlp, digits, {"scheme": "float8_dynamic"})
+
+
+def test_macs_at_the_aten_level() -> None:
+    assert count_macs(_torchvision("resnet18"), torch.randn(1, 3, 224, 224)) == pytest.approx(
+        1.814e9, rel=0.005
+    )
+    x = torch.randn(1, 8, 32, 32)
+    same = Conv2dSame(8, 16, 3, 2, image_size=32)
+    plain = nn.Conv2d(8, 16, 3, 2, padding=1)
+    assert same(x).shape == plain(x).shape
+    assert count_macs(same, x) == count_macs(plain, x) == 16 * 16 * 16 * 8 * 9
+
+
+def test_macs_of_the_ported_model_count_its_functional_convolutions(tmp_path: Path) -> None:
+    from torchtame.evaluate.macs import count_macs_params
+
+    macs, params = count_macs_params(ported_net(), torch.randn(1, 3, 32, 32))
+    assert macs > 300_000 and params == sum(p.numel() for p in ported_net().parameters())
+
+
+@pytest.mark.parametrize("method", ["MinMax", "Percentile", "Entropy"])
+def test_ort_calibration_methods_with_a_ragged_last_batch(trained_cnn, method) -> None:
+    data = load_data(DigitsData(source="digits", batch_size=64), 0)
+    assert len({len(x) for x, _ in data.calibration}) > 1  # 64, 64, 52
+    v = apply_pass("quantize.onnx", trained_cnn, data, {"calibration_method": method})
+    assert v.info["calibration_samples_repeated"] == 12
+    assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"] == 5
+
+
+# ------------------------------------------------------------------ health
+
+
+class _Slow(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        time.sleep(0.004)
+        return self.inner(x)
+
+
+def _slow_pass(model, ctx, opts):
+    """Wraps the model in a 4 ms sleep: a variant slower than its parent at every setting."""
+    return ctx.variant(_Slow(model))
+
+
+def _noisy_pass(model, ctx, opts):
+    """Replaces every weight with noise: a variant whose fidelity collapsed."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p))
+    return ctx.variant(model)
+
+
+from torchtame import register_pass  # noqa: E402
+
+register_pass("test.slow")(_slow_pass)
+register_pass("test.noisy")(_noisy_pass)
+
+
+def test_health_flags_slower_and_collapsed_variants(tmp_path: Path) -> None:
+    steps = [{"name": "slow", "pass": "test.slow"}, {"name": "noisy", "pass": "test.noisy"}]
+    result = run(tiny_recipe(tmp_path, steps=steps))
+    slow = {f["code"]: f for f in result.variant("slow")["health"]}
+    assert slow["slower_than_parent"]["level"] == "error"  # slower at every measured setting
+    assert "slower than baseline at cpu b1" in slow["slower_than_parent"]["message"]
+    noisy = {f["code"]: f for f in result.variant("noisy")["health"]}
+    assert noisy["fidelity_collapsed"]["level"] == "error" and noisy["fidelity_collapsed"]["suggestion"]
+    assert result.variant("baseline")["health"] == []
+    assert result.results["health"]["error"] >= 2
+    md = (result.run_dir / "report.md").read_text()
+    assert "## Health" in md and "✖ error: slower than baseline" in md and "Next:" in md
+    assert "✖ slower" in md  # the flag column
+
+
+def test_strict_fails_on_an_error_finding(tmp_path: Path) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from torchtame.cli import main
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe(tmp_path, steps=[{"name": "slow", "pass": "test.slow"}])))
+    relaxed = CliRunner().invoke(main, [str(path), "--quiet"])
+    assert relaxed.exit_code == 0, relaxed.output
+    assert "✖ slower" in relaxed.stdout
+    strict = CliRunner().invoke(main, [str(path), "--quiet", "--strict"])
+    assert strict.exit_code == 1
+    assert "health error" in strict.stderr and "slow: slower than baseline" in strict.stderr
+
+
+def test_health_units() -> None:
+    from torchtame.evaluate.health import check
+
+    def entry(name, p50, **kw):
+        return {
+            "name": name,
+            "status": "ok",
+            "latency": [{"device": "cpu", "batch_size": 1, "threads": 2, "p50_ms": p50}],
+            **kw,
+        }
+
+    parent = entry("baseline", 1.0, size={"bytes": 100})
+    codes = lambda e: {f["code"]: f["level"] for f in check(e, parent)}  # noqa: E731
+    assert codes(entry("a", 1.02)) == {}  # within the 5% tolerance
+    assert codes(entry("b", 1.5)) == {"slower_than_parent": "error"}
+    fx = entry(
+        "c",
+        0.5,
+        **{"pass": "quantize.static"},
+        info={
+            "mode": "fx",
+            "graph": {"weight_layers": 6, "float_layers": ["head"], "standalone_batchnorms": 5},
+        },
+    )
+    assert codes(fx) == {"float_layers": "warning", "unfused_batchnorm": "warning"}
+    big = entry("d", 0.5, quantized=True, size={"bytes": 300})
+    assert codes(big) == {"larger_than_parent": "warning"}
+    flat = entry("baseline", 1.0, outputs={"spread": 5e-11, "max_abs": 3e-9})
+    assert {f["code"] for f in check(flat, None)} == {"degenerate_outputs"}
+    low = entry("e", 0.5, accuracy={"cosine_similarity": 0.5, "top1_agreement": 30.0})
+    assert "top-1 agreement 30.0%" in check(low, parent)[0]["message"]
+    assert "agreement" not in check(low, parent, task="features")[0]["message"]
