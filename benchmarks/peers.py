@@ -31,7 +31,7 @@ from torch import nn
 
 from torchtame.data import DataBundle, DigitsData, SyntheticData, load_data
 from torchtame.evaluate.latency import measure_latency
-from torchtame.onnx_runtime import session_output, session
+from torchtame.onnx_runtime import session, session_output
 from torchtame.pipeline import apply_pass
 from torchtame.runtime import no_mha_fastpath, quantized_engine
 from torchtame.training import train

@@ -232,16 +232,14 @@ def test_health_units() -> None:
     from torchtame.evaluate.health import check
 
     def entry(name, p50, **kw):
-        return {
-            "name": name,
-            "status": "ok",
-            "latency": [{"device": "cpu", "batch_size": 1, "threads": 2, "p50_ms": p50}],
-            **kw,
-        }
+        timing = {"device": "cpu", "batch_size": 1, "threads": 2, "p50_ms": p50, "p90_ms": p50 * 1.08}
+        return {"name": name, "status": "ok", "latency": [timing], **kw}
 
     parent = entry("baseline", 1.0, size={"bytes": 100})
     codes = lambda e: {f["code"]: f["level"] for f in check(e, parent)}  # noqa: E731
     assert codes(entry("a", 1.02)) == {}  # within the 5% tolerance
+    assert codes(entry("a2", 1.07)) == {}  # within the parent's own p90 (noise)
+    assert codes(entry("a3", 2.0, **{"pass": "finetune"})) == {}  # same architecture: noise
     assert codes(entry("b", 1.5)) == {"slower_than_parent": "error"}
     fx = entry(
         "c",
@@ -260,3 +258,11 @@ def test_health_units() -> None:
     low = entry("e", 0.5, accuracy={"cosine_similarity": 0.5, "top1_agreement": 30.0})
     assert "top-1 agreement 30.0%" in check(low, parent)[0]["message"]
     assert "agreement" not in check(low, parent, task="features")[0]["message"]
+    meh = entry("f", 0.5, accuracy={"cosine_similarity": 0.98, "top1_agreement": 97.0})
+    assert codes(meh) == {"fidelity_degraded": "warning"}
+    assert codes(entry("g", 0.5, accuracy={"cosine_similarity": 0.999, "top1_agreement": 99.0})) == {}
+    tuned = entry("h", 0.5, accuracy={"top1_drop": -0.5, "top1_agreement": 93.0, "cosine_similarity": 0.97})
+    assert codes(tuned) == {}  # more accurate than the baseline: disagreeing is not a finding
+    assert codes(entry("i", 0.5, accuracy={"top1_drop": 4.0, "top1_agreement": 90.0})) == {
+        "fidelity_degraded": "warning"
+    }

@@ -124,10 +124,16 @@ def test_setting_differences_silent_for_identical(results: dict) -> None:
     reason="needs Chromium (Debian: apt-get install chromium)",
 )
 def test_html_renders_with_its_images_in_chromium(tmp_path: Path, results: dict) -> None:
-    from torchtame.report.browser import render
+    from torchtame.report.browser import page_width, render
 
-    write_reports(tmp_path, results, ["html"])
+    wide = copy.deepcopy(results)  # many latency columns: the table must scroll, not the page
+    for v in wide["variants"]:
+        for m in list(v.get("latency", [])):
+            for bs in (2, 4, 8, 32, 64, 128):
+                v["latency"].append({**m, "batch_size": bs})
+    write_reports(tmp_path, wide, ["html"])
     shot = tmp_path / "shot.png"
-    rendered, total = render(tmp_path / "report.html", shot)
+    rendered, total = render(tmp_path / "report.html", shot, width=1280)
     assert total == 3 and rendered == 3
     assert shot.is_file() and shot.stat().st_size > 10_000
+    assert page_width() is not None and page_width() <= 1280

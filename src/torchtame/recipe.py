@@ -91,6 +91,11 @@ class HealthConfig(Strict):
     slower_tolerance: float = Field(
         0.05, ge=0, description="Slower than its parent by more than this fraction is a finding."
     )
+    warn_cosine: float = Field(0.99, ge=-1, le=1, description="Fidelity degraded (a warning) below this.")
+    warn_agreement: float = Field(95.0, ge=0, le=100, description="...or below this top-1 agreement (%).")
+    warn_accuracy_drop: float = Field(
+        1.0, ge=0, description="With labels: a top-1 drop above this (points) is the degradation warning."
+    )
 
 
 class EvaluateConfig(Strict):

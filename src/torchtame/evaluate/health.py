@@ -16,6 +16,7 @@ from typing import Any
 LEVELS = ("error", "warning", "info")
 FLAG = {
     "fidelity_collapsed": "fidelity",
+    "fidelity_degraded": "fidelity",
     "slower_than_parent": "slower",
     "float_layers": "float layers",
     "unfused_batchnorm": "unfused BN",
@@ -34,6 +35,12 @@ class Thresholds:
     min_cosine: float = 0.9
     min_agreement: float = 50.0
     slower_tolerance: float = 0.05
+    warn_cosine: float = 0.99
+    warn_agreement: float = 95.0
+    warn_accuracy_drop: float = 1.0
+
+
+SAME_ARCHITECTURE = {"finetune"}  # passes that change weights only: a speed difference is noise
 
 
 def finding(code: str, level: str, message: str, suggestion: str, **figures: Any) -> dict[str, Any]:
@@ -91,14 +98,17 @@ def _fidelity_hint(entry: dict[str, Any], parent: dict[str, Any] | None) -> str:
     return "compare the variant's outputs with its parent's to find the layer that diverges"
 
 
-def _latency(entry: dict[str, Any]) -> dict[tuple[str, int, int], float]:
-    return {(m["device"], m["batch_size"], m["threads"]): m["p50_ms"] for m in entry.get("latency") or []}
+def _latency(entry: dict[str, Any], key: str = "p50_ms") -> dict[tuple[str, int, int], float]:
+    return {(m["device"], m["batch_size"], m["threads"]): m.get(key, 0.0) for m in entry.get("latency") or []}
 
 
 def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
-    mine, theirs = _latency(entry), _latency(parent)
+    """Slower than the parent: beyond the tolerance and beyond the parent's own p90 (noise)."""
+    if entry.get("pass") in SAME_ARCHITECTURE:
+        return []
+    mine, theirs, band = _latency(entry), _latency(parent), _latency(parent, "p90_ms")
     shared = [k for k in mine if k in theirs and theirs[k] > 0]
-    slower = [k for k in shared if mine[k] > theirs[k] * (1 + t.slower_tolerance)]
+    slower = [k for k in shared if mine[k] > max(theirs[k] * (1 + t.slower_tolerance), band.get(k, 0.0))]
     if not slower:
         return []
     settings = ", ".join(f"{d} b{b} ({theirs[(d, b, n)] / mine[(d, b, n)]:.2f}x)" for d, b, n in slower)
@@ -122,23 +132,27 @@ def check_fidelity(
     entry: dict[str, Any], parent: dict[str, Any] | None, task: str, t: Thresholds
 ) -> list[dict[str, Any]]:
     acc = entry.get("accuracy") or {}
-    problems = []
     cos = acc.get("cosine_similarity")
-    if cos is not None and cos < t.min_cosine:
-        problems.append(f"cosine {cos:.4f} < {t.min_cosine}")
-    agreement = acc.get("top1_agreement")
-    if task == "classification" and agreement is not None and agreement < t.min_agreement:
-        problems.append(f"top-1 agreement {agreement:.1f}% < {t.min_agreement:g}%")
-    if not problems:
-        return []
-    return [
-        finding(
-            "fidelity_collapsed",
-            "error",
-            "fidelity to the baseline collapsed: " + ", ".join(problems),
-            _fidelity_hint(entry, parent),
-        )
-    ]
+    agreement = acc.get("top1_agreement") if task == "classification" else None
+    drop = acc.get("top1_drop")
+    checks = [("fidelity_collapsed", "error", t.min_cosine, t.min_agreement, "collapsed")]
+    if drop is None:
+        checks.append(("fidelity_degraded", "warning", t.warn_cosine, t.warn_agreement, "degraded"))
+    for code, level, min_cos, min_agr, what in checks:
+        problems = []
+        if cos is not None and cos < min_cos:
+            problems.append(f"cosine {cos:.4f} < {min_cos}")
+        if agreement is not None and agreement < min_agr:
+            problems.append(f"top-1 agreement {agreement:.1f}% < {min_agr:g}%")
+        if problems:
+            message = f"fidelity to the baseline {what}: " + ", ".join(problems)
+            return [finding(code, level, message, _fidelity_hint(entry, parent))]
+    if drop is not None and drop > t.warn_accuracy_drop:
+        # with labels, accuracy is what degrades: a fine-tuned variant may disagree with the
+        # baseline exactly where the baseline was wrong
+        message = f"top-1 accuracy dropped {drop:.2f} points (> {t.warn_accuracy_drop:g})"
+        return [finding("fidelity_degraded", "warning", message, _fidelity_hint(entry, parent))]
+    return []
 
 
 def check_graph(entry: dict[str, Any]) -> list[dict[str, Any]]:

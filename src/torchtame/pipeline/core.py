@@ -247,7 +247,14 @@ class Pipeline:
         cfg = self.recipe.evaluate.health
         if not cfg.enabled:
             return
-        thresholds = Thresholds(cfg.min_cosine, cfg.min_agreement, cfg.slower_tolerance)
+        thresholds = Thresholds(
+            cfg.min_cosine,
+            cfg.min_agreement,
+            cfg.slower_tolerance,
+            cfg.warn_cosine,
+            cfg.warn_agreement,
+            cfg.warn_accuracy_drop,
+        )
         entry["health"] = check_health(entry, parent, self.task, thresholds)
         for f in entry["health"]:
             if f["level"] != "info":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,6 +22,11 @@ from ..recipe import EvaluateConfig
 from ..variant import Variant
 
 log = logging.getLogger("torchtame")
+
+
+def _copy(v: Variant) -> Variant:
+    """The variant with a fresh copy of its module (fresh weight packing)."""
+    return dataclasses.replace(v, module=copy.deepcopy(v.module))
 
 
 def output_stats(outputs: torch.Tensor) -> dict[str, Any]:
@@ -58,13 +65,13 @@ class Measurer:
         out["accuracy"] = None
         out["latency"] = []
         lat = self.config.latency
-        # one runner (one onnxruntime session) per device: accuracy on the first device the variant
-        # runs on, then latency on every device, at every batch size
+        opts = (lat.threads, lat.inference_mode, lat.onnx_graph_optimization)
         for device in runnable:
-            with make_runner(v, device, lat.threads, lat.inference_mode, lat.onnx_graph_optimization) as (
-                run,
-                prepare,
-            ):
+            # torch.ao's x86 int8 kernels pack their weights for the first input shape they see and
+            # run other shapes up to a third slower: each batch size is timed on a fresh copy (as a
+            # deployment at that batch size would run), and accuracy is measured on another
+            fresh = v.quantized and v.kind == "torch" and not v.compiled
+            with make_runner(_copy(v) if fresh else v, device, *opts) as (run, prepare):
                 if v.compiled:  # the first call compiles: its time is recorded, not timed as latency
                     self.progress.status(f"{v.name}: compiling for {device}")
                     t0 = time.perf_counter()
@@ -80,7 +87,15 @@ class Measurer:
                     continue
                 for bs in lat.batch_sizes:
                     self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
-                    out["latency"].append(self._latency(v, run, prepare(self.data.example_input(bs)), device))
+                    if fresh:
+                        with make_runner(_copy(v), device, *opts) as (run_bs, prepare_bs):
+                            out["latency"].append(
+                                self._latency(v, run_bs, prepare_bs(self.data.example_input(bs)), device)
+                            )
+                    else:
+                        out["latency"].append(
+                            self._latency(v, run, prepare(self.data.example_input(bs)), device)
+                        )
         return out
 
     def _size(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
@@ -90,16 +105,19 @@ class Measurer:
         else:
             assert v.module is not None
             params = module_params(v.module)
-        macs = None
+        macs, source = None, None
         if self.config.macs:
             if v.is_float and v.module is not None and v.dtype == "float32":
                 try:
-                    macs = count_macs_params(v.module, self.example)[0]
+                    macs, source = count_macs_params(v.module, self.example)[0], "counted"
                 except Exception as exc:
                     log.debug("MACs of %s not counted: %s", v.name, exc)
-            elif parent_entry is not None:
+            elif parent_entry is not None:  # int8/ONNX graphs do the float parent's arithmetic
                 macs = (parent_entry.get("size") or {}).get("macs")
-        return size_report(params, files, macs)
+                source = f"inherited from {parent_entry['name']}" if macs is not None else None
+        report = size_report(params, files, macs)
+        report["macs_source"] = source
+        return report
 
     def _latency(self, v: Variant, run: Any, x: Any, device: str) -> dict[str, Any]:
         lat = self.config.latency

@@ -166,7 +166,8 @@ def render_html(results: dict[str, Any], recipe_yaml: str | None = None) -> str:
     parts.append(
         "<script>window.addEventListener('load',function(){var im=document.images,n=0;"
         "for(var i=0;i<im.length;i++){if(im[i].complete&&im[i].naturalWidth>0)n++;}"
-        "document.body.setAttribute('data-images-rendered',n+'/'+im.length);});</script>"
+        "document.body.setAttribute('data-images-rendered',n+'/'+im.length);"
+        "document.body.setAttribute('data-page-width',document.documentElement.scrollWidth);});</script>"
     )
     parts.append("</body></html>")
     return "\n".join(parts)

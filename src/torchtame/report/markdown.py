@@ -49,7 +49,9 @@ def latency_note(results: dict[str, Any]) -> str:
         f"Latency: median (p50) and p90 of at least {lat.get('min_runs')} timed calls and "
         f"{lat.get('min_time_s')} s after {lat.get('warmup')} warm-up calls, "
         f"{settings.get('threads')} threads; speed-up is baseline p50 / variant p50 on the same "
-        "device, batch size and thread count. Size is the saved artefact's bytes."
+        "device, batch size and thread count. Size is the saved artefact's bytes. MACs are counted "
+        "at the aten level on float models; * marks MACs inherited from the float parent (int8 and ONNX "
+        "graphs do the same arithmetic)."
     )
 
 

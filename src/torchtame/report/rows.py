@@ -26,6 +26,7 @@ class Row:
     size_ratio: float | None
     params: int | None
     macs: int | None
+    macs_inherited: bool = False
     latency: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     speedup: dict[tuple[str, int], float] = field(default_factory=dict)
     skipped: list[dict[str, str]] = field(default_factory=list)
@@ -83,7 +84,7 @@ class Row:
             fmt_num(self.size_mb, 3),
             fmt_num(self.size_ratio, 3),
             human_count(self.params),
-            human_count(self.macs),
+            human_count(self.macs) + ("*" if self.macs_inherited and self.macs is not None else ""),
         ]
 
 
@@ -119,6 +120,7 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
                 size_ratio=(size["bytes"] / base_size) if base_size and size.get("bytes") else None,
                 params=size.get("params"),
                 macs=size.get("macs"),
+                macs_inherited=str(size.get("macs_source") or "").startswith("inherited"),
                 latency=lat,
                 speedup=speed,
                 skipped=v.get("skipped_devices", []),

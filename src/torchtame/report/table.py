@@ -40,7 +40,7 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
             fmt_num(r.top1_drop),
             fmt_num(r.size_mb, 3),
             fmt_num(r.size_ratio, 2),
-            human_count(r.macs),
+            human_count(r.macs) + ("*" if r.macs_inherited and r.macs is not None else ""),
         ]
         for k in keys:
             m = r.latency.get(k)
@@ -57,6 +57,8 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
         table.add_row(*cells)
     unavailable = [d for d in results.get("devices", []) if not d.get("available")]
     notes = [f"{d['requested']}: {d['reason']}" for d in unavailable]
+    if any(r.macs_inherited for r in rows):
+        notes.append("* MACs inherited from the float parent")
     if any(r.flags for r in rows):
         notes.append("flags: health findings (✖ error, ⚠ warning); details and next steps in report.md")
     if notes:
