@@ -77,6 +77,17 @@ def test_pt2e_quantizes_every_layer_of_third_party_models(build, name, layers) -
     assert torch.nn.functional.cosine_similarity(ref, out).mean() >= 0.8
 
 
+def test_pt2e_keeps_named_modules_float() -> None:
+    data = images()
+    model = recalibrate_bn(_torchvision("resnet18"), data)
+    v = apply_pass("quantize.static", model, data, {"mode": "pt2e", "keep_float": ["fc", "layer4.1.conv2"]})
+    graph = v.info["graph"]
+    assert sorted(graph["float_layers"]) == ["fc", "layer4.1.conv2"] and graph["int8_layers"] == 19
+    assert (
+        not v.runs_on("cuda:0")[0] and "no PT2E static int8 quantizer targets CUDA" in v.runs_on("cuda:0")[1]
+    )
+
+
 def test_auto_rejects_fx_on_a_ported_same_padding_model_and_says_why() -> None:
     data = images(32, n=32, batch=16)
     model = recalibrate_bn(ported_net(), data)

@@ -55,7 +55,10 @@ class Variant:
         """Whether this variant can be measured on ``device``, and why not."""
         on_cuda = device.startswith("cuda")
         if self.devices == "cpu_only" and on_cuda:
-            return False, "cpu only (torch.ao quantized kernels run on the CPU)"
+            return (
+                False,
+                f"cpu only ({self.info.get('cpu_only', 'torch.ao quantized kernels run on the CPU')})",
+            )
         if self.devices == "cuda_only" and not on_cuda:
             return (
                 False,

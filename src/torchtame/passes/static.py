@@ -207,6 +207,7 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
     }
     if mode == "pt2e":
         info["normalised"] = q.meta.get("torchtame_normalised")  # type: ignore[union-attr]
+        info["cpu_only"] = "x86 Inductor int8 kernels; no PT2E static int8 quantizer targets CUDA"
     if choice is not None:
         info["mode_choice"] = choice
     return ctx.variant(
