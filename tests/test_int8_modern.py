@@ -268,9 +268,13 @@ def test_health_units() -> None:
     assert {f["code"] for f in check(flat, None)} == {"degenerate_outputs"}
     low = entry("e", 0.5, accuracy={"cosine_similarity": 0.5, "top1_agreement": 30.0})
     assert "top-1 agreement 30.0%" in check(low, parent)[0]["message"]
-    assert "agreement" not in check(low, parent, task="features")[0]["message"]
-    meh = entry("f", 0.5, accuracy={"cosine_similarity": 0.98, "top1_agreement": 97.0})
+    assert "cosine 0.5000" in check(low, parent, task="features")[0]["message"]
+    rescaled = entry("e2", 0.5, accuracy={"cosine_similarity": 0.85, "top1_agreement": 99.5})
+    assert codes(rescaled) == {}  # a distilled classifier: logits rescaled, decisions the same
+    meh = entry("f", 0.5, accuracy={"cosine_similarity": 0.98, "top1_agreement": 94.0})
     assert codes(meh) == {"fidelity_degraded": "warning"}
+    emb = entry("f2", 0.5, accuracy={"cosine_similarity": 0.98})
+    assert {f["code"] for f in check(emb, parent, task="features")} == {"fidelity_degraded"}
     assert codes(entry("g", 0.5, accuracy={"cosine_similarity": 0.999, "top1_agreement": 99.0})) == {}
     tuned = entry("h", 0.5, accuracy={"top1_drop": -0.5, "top1_agreement": 93.0, "cosine_similarity": 0.97})
     assert codes(tuned) == {}  # more accurate than the baseline: disagreeing is not a finding

@@ -34,6 +34,16 @@ class TrainOptions(Strict):
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (one-cycle schedule).")
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     weight_decay: float = Field(0.0, ge=0)
+    loss: Literal["ce", "distill"] = Field(
+        "ce",
+        description="ce: cross-entropy on labels; distill: learn the baseline's outputs (KL divergence "
+        "of softened class scores, or cosine/MSE for embeddings); needs no labels.",
+    )
+    temperature: float = Field(4.0, gt=0, description="distill: softening of the class scores.")
+    alpha: float = Field(
+        0.0, ge=0, le=1, description="distill: weight of cross-entropy on labels, where labels may be used."
+    )
+    feature_loss: Literal["cosine", "mse"] = Field("cosine", description="distill: loss for embeddings.")
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainOptions:
@@ -80,4 +90,9 @@ class DataSourceOptions(Strict):
     )
     evaluation_batches: int | None = Field(
         None, ge=1, description="Use at most this many evaluation batches (default: all)."
+    )
+    labels: Literal["use", "report_only", "ignore"] = Field(
+        "use",
+        description="use: the optimizer may use labels (search constraints, fine-tuning); report_only: "
+        "labels only measure the reported accuracy, the optimizer sees fidelity; ignore: no labels.",
     )

@@ -31,6 +31,7 @@ from .options import (
 )
 from .passes.export import OnnxOptions
 from .passes.finetune import FinetuneOptions
+from .passes.onnx_quant import OnnxQuantOptions
 from .passes.prune import PruneOptions
 from .passes.quantize import StaticOptions
 from .registry import DATA_SOURCES, MODEL_SOURCES, PASSES
@@ -150,7 +151,15 @@ class Constraints(Strict):
     """What a deployable variant must meet; the run picks the fastest variant that meets all."""
 
     max_accuracy_drop: float | None = Field(
-        None, ge=0, description="Top-1 points below the baseline (agreement points without labels)."
+        None,
+        ge=0,
+        description="Top-1 points below the baseline (agreement points where the optimizer has no labels).",
+    )
+    min_cosine: float | None = Field(
+        None, ge=-1, le=1, description="Cosine similarity of the measured output to the baseline's."
+    )
+    min_agreement: float | None = Field(
+        None, ge=0, le=100, description="Top-1 agreement with the baseline in % (class-score outputs)."
     )
     max_latency_ms: float | None = Field(None, gt=0, description="p50 at `device` and `batch_size`.")
     max_size_mb: float | None = Field(None, gt=0, description="Artefact size in MiB.")
@@ -160,8 +169,13 @@ class Constraints(Strict):
     )
 
     @property
+    def fidelity(self) -> bool:
+        """Whether any constraint is on accuracy or fidelity."""
+        return any(v is not None for v in (self.max_accuracy_drop, self.min_cosine, self.min_agreement))
+
+    @property
     def empty(self) -> bool:
-        return self.max_accuracy_drop is None and self.max_latency_ms is None and self.max_size_mb is None
+        return not self.fidelity and self.max_latency_ms is None and self.max_size_mb is None
 
 
 class SearchConfig(Strict):
@@ -179,8 +193,26 @@ class SearchConfig(Strict):
     prune_ratios: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75])
     bisect_steps: int = Field(4, ge=1, le=10)
     prune_options: PruneOptions = Field(default_factory=PruneOptions, description="prune.structured options.")
+    protect_layers: int = Field(
+        2,
+        ge=0,
+        description="Where a pruning ratio misses, retry it leaving this many most sensitive layers whole.",
+    )
     finetune: FinetuneOptions | None = Field(
-        None, description="finetune options applied to every pruning candidate (e.g. {epochs: 2})."
+        None,
+        description="finetune options applied to every pruning candidate (e.g. {epochs: 2}; "
+        "{loss: distill} needs no labels).",
+    )
+    onnx: bool = Field(
+        True,
+        description="onnxruntime candidates: static int8 with each calibration method, then with the most "
+        "sensitive nodes excluded.",
+    )
+    onnx_methods: list[Literal["MinMax", "Percentile", "Entropy"]] = Field(
+        default_factory=lambda: ["MinMax", "Percentile", "Entropy"]
+    )
+    onnx_options: OnnxQuantOptions = Field(
+        default_factory=OnnxQuantOptions, description="quantize.onnx options of the ONNX candidates."
     )
     combine: bool = Field(True, description="Also quantize the best pruning candidate.")
 
@@ -231,8 +263,8 @@ class Recipe(Strict):
             known.append(step.name)
         if self.strategy == "search" and self.constraints.empty:
             raise ValueError(
-                "constraints: `strategy: search` needs at least one of max_accuracy_drop, "
-                "max_latency_ms, max_size_mb"
+                "constraints: `strategy: search` needs at least one of max_accuracy_drop, min_cosine, "
+                "min_agreement, max_latency_ms, max_size_mb"
             )
         c = self.constraints
         if c.batch_size is not None and c.batch_size not in self.evaluate.latency.batch_sizes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -9,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .errors import DataError
-from .inputs import call, prepare, select_output
+from .inputs import batch_size, call, prepare, select_output
 from .options import TrainOptions
 from .progress import NullProgress, Progress
 
@@ -21,6 +22,33 @@ def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) 
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+
+
+@dataclass(frozen=True)
+class Distill:
+    """Learn from a teacher's outputs instead of (or besides) labels: KL divergence to the
+    teacher's softened class scores, or cosine / MSE to its features."""
+
+    teacher: nn.Module
+    temperature: float = 4.0
+    alpha: float = 0.0  # weight of cross-entropy on labels, where labels may be used
+    features: bool = False  # the output is an embedding or hidden states, not class scores
+    feature_loss: str = "cosine"
+
+    def loss(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        if self.features:
+            s, t = student.float().flatten(1), teacher.float().flatten(1)
+            if self.feature_loss == "mse":
+                return nn.functional.mse_loss(s, t)
+            return (1.0 - nn.functional.cosine_similarity(s, t, dim=1)).mean()
+        s, t = student.float().reshape(-1, student.shape[-1]), teacher.float().reshape(-1, teacher.shape[-1])
+        temp = self.temperature
+        kl = nn.functional.kl_div(
+            nn.functional.log_softmax(s / temp, dim=-1),
+            nn.functional.softmax(t / temp, dim=-1),
+            reduction="batchmean",
+        )
+        return kl * temp * temp
 
 
 def train(
@@ -37,17 +65,29 @@ def train(
     progress: Progress | None = None,
     description: str = "train",
     output: str | int | None = None,
+    distill: Distill | None = None,
+    use_labels: bool = True,
 ) -> dict[str, Any]:
-    """Train ``model`` in place with cross-entropy on its measured ``output``; returns the mean
-    loss of each epoch.
+    """Train ``model`` in place on its measured ``output``: cross-entropy on labels, or
+    distillation from ``distill.teacher`` (no labels needed; mixed with cross-entropy by
+    ``distill.alpha`` where labels may be used). Returns the mean loss of each epoch.
 
     Runs ``epochs`` passes over ``loader`` or exactly ``steps`` optimizer steps (cycling the loader).
     The model is left in eval mode on the CPU.
     """
     if loader is None:
+        need = "data" if distill is not None else "labelled data"
         raise DataError(
-            "training needs labelled data, but the data source has no train split",
-            hint="use a data source with labels (digits, imagefolder) and a `split.train` > 0",
+            f"training needs {need}, but the data source has no train split",
+            hint="use a data source with labels (digits, imagefolder) and a `split.train` > 0"
+            if distill is None
+            else "use a data source with a `split.train` > 0",
+        )
+    if distill is None and not use_labels:
+        raise DataError(
+            "training with cross-entropy needs labels, but they are withheld from the optimizer "
+            "(`data.labels: report_only`) or absent",
+            hint="use `loss: distill` (learns from the baseline's outputs, no labels needed)",
         )
     torch.manual_seed(seed)
     # A loader of our own, so the shuffle order depends on ``seed`` alone, not on earlier use.
@@ -59,10 +99,12 @@ def train(
     )
     progress = progress or NullProgress()
     model.to(device).train()
+    teacher = distill.teacher.to(device).eval() if distill is not None else None
     opt = make_optimizer(model, optimizer, lr, weight_decay)
     total = steps if steps is not None else (epochs or 1) * len(loader)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
-    loss_fn = nn.CrossEntropyLoss()
+    ce = nn.CrossEntropyLoss()
+    with_labels = use_labels and (distill is None or distill.alpha > 0)
     epoch_losses: list[float] = []
     done = 0
     with progress.task(description, total=total) as task:
@@ -72,10 +114,21 @@ def train(
                 if done >= total:
                     break
                 x, y = prepare(x, device), y.to(device)
-                if (y < 0).any():
-                    raise DataError("training needs labels, but the data has label -1 (unlabelled)")
+                if with_labels and (y < 0).any():
+                    raise DataError(
+                        "training needs labels, but the data has label -1 (unlabelled)",
+                        hint="use `loss: distill` with `alpha: 0` (no labels needed)",
+                    )
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(select_output(call(model, x), output), y)
+                out = select_output(call(model, x), output)
+                if distill is None:
+                    loss = ce(out, y)
+                else:
+                    with torch.no_grad():
+                        target = select_output(call(teacher, x), output)
+                    loss = distill.loss(out, target)
+                    if with_labels:
+                        loss = distill.alpha * ce(out, y) + (1 - distill.alpha) * loss
                 if not torch.isfinite(loss):
                     raise DataError(
                         f"training diverged (loss {loss.item()}) after {done} steps",
@@ -84,13 +137,20 @@ def train(
                 loss.backward()
                 opt.step()
                 sched.step()
-                running += loss.item() * len(y)
-                count += len(y)
+                n = batch_size(x)
+                running += loss.item() * n
+                count += n
                 done += 1
                 task.advance(1, loss=f"{loss.item():.3f}")
             epoch_losses.append(running / max(count, 1))
     model.eval().to("cpu")
-    return {"steps": done, "epoch_losses": [round(v, 5) for v in epoch_losses]}
+    if teacher is not None:
+        teacher.to("cpu")
+    return {
+        "steps": done,
+        "epoch_losses": [round(v, 5) for v in epoch_losses],
+        "loss": "distill" if distill is not None else "cross-entropy",
+    }
 
 
 def train_with_options(
@@ -103,8 +163,17 @@ def train_with_options(
     progress: Progress | None,
     description: str,
     output: str | int | None = None,
+    teacher: nn.Module | None = None,
+    features: bool = False,
+    use_labels: bool = True,
 ) -> dict[str, Any]:
-    """:func:`train` with the recipe's training options (pre-training, fine-tuning)."""
+    """:func:`train` with the recipe's training options (pre-training, fine-tuning); with
+    ``loss: distill`` the ``teacher`` (the baseline) provides the targets."""
+    distill = None
+    if opts.loss == "distill":
+        if teacher is None:
+            raise DataError("`loss: distill` needs a teacher model", hint="distill from the baseline")
+        distill = Distill(teacher, opts.temperature, opts.alpha, features, opts.feature_loss)
     return train(
         model,
         loader,
@@ -118,4 +187,6 @@ def train_with_options(
         progress=progress,
         description=description,
         output=output,
+        distill=distill,
+        use_labels=use_labels,
     )

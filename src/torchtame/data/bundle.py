@@ -25,6 +25,18 @@ class DataBundle:
     num_classes: int | None
     sample_shape: tuple[int, ...]
     description: str
+    use_labels: bool | None = None  # may the optimizer use the labels? (data.labels: report_only)
+
+    def __post_init__(self) -> None:
+        if self.use_labels is None:
+            self.use_labels = self.has_labels
+
+    @property
+    def labels_mode(self) -> str:
+        """use | report_only | none: what labels there are and who may see them."""
+        if not self.has_labels:
+            return "none"
+        return "use" if self.use_labels else "report_only"
 
     def example_input(self, batch_size: int = 1) -> Inputs:
         """A real batch of ``batch_size`` evaluation samples (repeated if the split is smaller)."""
@@ -58,6 +70,10 @@ def load_data(spec: DataSourceOptions, seed: int) -> DataBundle:
     """Build the loaders the recipe's ``data`` section names, and check they are usable."""
     entry = DATA_SOURCES.get(spec.source)  # type: ignore[attr-defined]
     bundle = entry.fn(spec, seed)
+    if spec.labels == "report_only":
+        bundle.use_labels = False
+    elif spec.labels == "ignore":
+        bundle.has_labels = bundle.use_labels = False
     for split in ("calibration", "evaluation"):
         loader = getattr(bundle, split)
         if len(loader.dataset) == 0:  # type: ignore[arg-type]

@@ -136,15 +136,48 @@ def inspect_onnx(path: str | Path) -> dict[str, Any]:
     producer = {out: node for node in graph.node for out in node.output}
     int8: list[str] = []
     float_: list[str] = []
+    order: list[str] = []
     float_ops: Counter[str] = Counter()
     for node in graph.node:
+        name = node.name or node.op_type
         if node.op_type in _ONNX_INT8_OPS:
-            int8.append(node.name or node.op_type)
+            int8.append(name)
+            order.append(name)
         elif node.op_type in _ONNX_WEIGHT_OPS:
-            feeders = [producer.get(i) for i in node.input[:2]]
-            if any(f is not None and f.op_type == "DequantizeLinear" for f in feeders):
-                int8.append(node.name or node.op_type)
+            order.append(name)
+            weight = producer.get(node.input[1]) if len(node.input) > 1 else None
+            if weight is not None and weight.op_type == "DequantizeLinear":  # its weights are int8
+                int8.append(name)
             else:
-                float_.append(node.name or node.op_type)
+                float_.append(name)
                 float_ops[node.op_type] += 1
-    return _summary(int8, float_, {"graph": "onnx", "float_ops": dict(float_ops)})
+    feeders = {n: _feeders(graph, producer, n) for n in order}
+    return _summary(
+        int8,
+        float_,
+        {"graph": "onnx", "float_ops": dict(float_ops), "weight_nodes": order, "feeders": feeders},
+    )
+
+
+_QDQ = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+
+def _feeders(graph: Any, producer: dict[str, Any], name: str) -> list[str]:
+    """The non-weight ops between a weight node and the weight ops (or graph inputs) before it
+    (concatenations, reshapes, ...): excluding a node from quantization keeps its input in float
+    only if these are excluded too."""
+    node = next(n for n in graph.node if (n.name or n.op_type) == name)
+    out: list[str] = []
+    stack = [node.input[0]] if node.input else []
+    seen: set[str] = set()
+    while stack:
+        source = producer.get(stack.pop())
+        if source is None or source.name in seen:
+            continue
+        seen.add(source.name)
+        if source.op_type in _ONNX_WEIGHT_OPS | _ONNX_INT8_OPS:
+            continue
+        if source.op_type not in _QDQ:
+            out.append(source.name)
+        stack += list(source.input[:1]) if source.op_type in _QDQ else list(source.input)
+    return out

@@ -131,26 +131,33 @@ def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) ->
 def check_fidelity(
     entry: dict[str, Any], parent: dict[str, Any] | None, task: str, t: Thresholds
 ) -> list[dict[str, Any]]:
+    """Class scores are judged by what they decide (top-1 agreement with the baseline; with
+    labels, the accuracy drop warns), features by their cosine similarity: the logits of a
+    distilled or quantized classifier may be rescaled while every decision stays the same."""
     acc = entry.get("accuracy") or {}
-    cos = acc.get("cosine_similarity")
-    agreement = acc.get("top1_agreement") if task == "classification" else None
+    agreement = acc.get("top1_agreement")
+    classes = task == "classification" and agreement is not None
+    value, unit, low, warn = (
+        (agreement, "top-1 agreement", t.min_agreement, t.warn_agreement)
+        if classes
+        else (acc.get("cosine_similarity"), "cosine", t.min_cosine, t.warn_cosine)
+    )
+    if value is None:
+        return []
+    shown = f"{value:.1f}%" if classes else f"{value:.4f}"
+    bound = (lambda b: f"{b:g}%") if classes else (lambda b: f"{b:g}")
+    if value < low:
+        message = f"fidelity to the baseline collapsed: {unit} {shown} < {bound(low)}"
+        return [finding("fidelity_collapsed", "error", message, _fidelity_hint(entry, parent))]
     drop = acc.get("top1_drop")
-    checks = [("fidelity_collapsed", "error", t.min_cosine, t.min_agreement, "collapsed")]
-    if drop is None:
-        checks.append(("fidelity_degraded", "warning", t.warn_cosine, t.warn_agreement, "degraded"))
-    for code, level, min_cos, min_agr, what in checks:
-        problems = []
-        if cos is not None and cos < min_cos:
-            problems.append(f"cosine {cos:.4f} < {min_cos}")
-        if agreement is not None and agreement < min_agr:
-            problems.append(f"top-1 agreement {agreement:.1f}% < {min_agr:g}%")
-        if problems:
-            message = f"fidelity to the baseline {what}: " + ", ".join(problems)
-            return [finding(code, level, message, _fidelity_hint(entry, parent))]
-    if drop is not None and drop > t.warn_accuracy_drop:
-        # with labels, accuracy is what degrades: a fine-tuned variant may disagree with the
-        # baseline exactly where the baseline was wrong
-        message = f"top-1 accuracy dropped {drop:.2f} points (> {t.warn_accuracy_drop:g})"
+    if drop is not None:  # with labels, accuracy is what degrades: a fine-tuned variant may
+        # disagree with the baseline exactly where the baseline was wrong
+        if drop > t.warn_accuracy_drop:
+            message = f"top-1 accuracy dropped {drop:.2f} points (> {t.warn_accuracy_drop:g})"
+            return [finding("fidelity_degraded", "warning", message, _fidelity_hint(entry, parent))]
+        return []
+    if value < warn:
+        message = f"fidelity to the baseline degraded: {unit} {shown} < {bound(warn)}"
         return [finding("fidelity_degraded", "warning", message, _fidelity_hint(entry, parent))]
     return []
 

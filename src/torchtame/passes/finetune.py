@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..errors import PassError
 from ..options import TrainOptions
 from ..registry import register_pass
 from ..training import train_with_options
@@ -16,23 +17,39 @@ class FinetuneOptions(TrainOptions):
 
 
 def train_with(model: nn.Module, ctx: PassContext, opts: TrainOptions, description: str, seed: int) -> dict:
-    """Train ``model`` in place on the context's train split with ``opts``; returns the stats."""
+    """Train ``model`` in place with ``opts``; returns the stats. Cross-entropy trains on the train
+    split; distillation from the baseline needs no labels and uses the train split's inputs, or
+    the calibration split's where there is no train split."""
+    distill = opts.loss == "distill"
+    loader = ctx.data.train if ctx.data.train is not None or not distill else ctx.data.calibration
     return train_with_options(
         model,
-        ctx.data.train,
+        loader,
         opts,
         device=ctx.train_device,
         seed=seed,
         progress=ctx.progress,
         description=description,
         output=ctx.output,
+        teacher=ctx.baseline.module if distill else None,
+        features=ctx.task == "features",
+        use_labels=bool(ctx.data.use_labels),
     )
 
 
 @register_pass("finetune", FinetuneOptions)
 def finetune(model: nn.Module | None, ctx: PassContext, opts: FinetuneOptions) -> Variant:
-    """Fine-tune a float variant with cross-entropy on the train split."""
+    """Fine-tune a float variant: cross-entropy on labels, or distillation from the baseline."""
     assert model is not None
     require_float(ctx, "finetune", "fine-tune before quantizing")
+    if opts.loss == "distill" and (ctx.baseline is ctx.parent or ctx.baseline.module is None):
+        raise PassError(
+            "`loss: distill` learns from the baseline, but the variant to fine-tune is the baseline itself",
+            hint="distill a pruned variant; outside a recipe pass the original: "
+            "apply_pass('finetune', pruned, data, {'loss': 'distill'}, baseline=model)",
+        )
     stats = train_with(model.float(), ctx, opts, f"fine-tune {ctx.parent.name}", ctx.seed)
-    return ctx.variant(model, info={"finetuned_from": ctx.parent.name, **stats})
+    info = {"finetuned_from": ctx.parent.name, **stats}
+    if opts.loss == "distill":
+        info["teacher"] = ctx.baseline.name
+    return ctx.variant(model, info=info)

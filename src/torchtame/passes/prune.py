@@ -179,8 +179,10 @@ def find_attention(model: nn.Module, ignored: list[str]) -> Attention:
 
 def _taylor_grads(model: nn.Module, ctx: PassContext, batches: int) -> None:
     loader = ctx.data.train or ctx.data.calibration
-    if not ctx.data.has_labels:
-        raise PassError("`importance: taylor` needs labelled data", hint="use l2 or lamp instead")
+    if not ctx.data.use_labels:
+        raise PassError(
+            "`importance: taylor` needs labels the optimizer may use", hint="use l2 or lamp instead"
+        )
     model.zero_grad()
     loss_fn = nn.CrossEntropyLoss()
     for i, (x, y) in enumerate(loader):

@@ -128,9 +128,14 @@ def apply_pass(
     devices: list[str] | None = None,
     progress: Progress | None = None,
     output: str | int | None = None,
+    baseline: torch.nn.Module | Variant | None = None,
+    task: str = "auto",
 ) -> Variant:
     """Apply one registered pass outside a recipe; the input model is not changed. ``output``
-    names the model output that is measured (default: ``logits`` or the first tensor).
+    names the model output that is measured (default: ``logits`` or the first tensor);
+    ``baseline`` is the original model (the teacher of ``loss: distill``); ``task`` says whether
+    the output is class scores (``classification``) or ``features`` (auto: class scores when the
+    data has labels).
 
     >>> v = apply_pass("quantize.static", model, data, {"backend": "x86"})  # doctest: +SKIP
     """
@@ -139,13 +144,23 @@ def apply_pass(
     parent = model if isinstance(model, Variant) else Variant(name="input", module=model, lineage=["input"])
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="torchtame-"))
     work.mkdir(parents=True, exist_ok=True)
+    variants = {parent.name: parent}
+    if baseline is not None:
+        variants["baseline"] = (
+            baseline
+            if isinstance(baseline, Variant)
+            else Variant(name="baseline", module=baseline, lineage=["baseline"])
+        )
+    if task == "auto":
+        task = "classification" if data.has_labels else "features"
     inputs = StepInputs(
         data=data,
         example=data.example_input(1),
         devices=devices or ["cpu"],
-        variants={parent.name: parent},
+        variants=variants,
         progress=progress or NullProgress(),
         output=output,
+        task=task,
     )
     return execute_pass(name, name, parent, opts, inputs, seed, work)
 

@@ -64,6 +64,7 @@ def load_inputs(recipe: Recipe, devices: list[str], progress: Progress) -> Loade
     data_info = {
         "description": data.description,
         "has_labels": data.has_labels,
+        "labels": data.labels_mode,
         "num_classes": data.num_classes,
         "sample_shape": list(data.sample_shape),
         "evaluation_samples": len(data.evaluation.dataset),  # type: ignore[arg-type]

@@ -117,11 +117,15 @@ def selection_lines(results: dict[str, Any]) -> list[str]:
         figures = [
             f"p50 {v['p50_ms']:.3f} ms" if v["p50_ms"] is not None else "",
             f"drop {v['accuracy_drop']:.2f}" if v["accuracy_drop"] is not None else "",
+            f"cosine {v['cosine']:.4f}" if v.get("cosine") is not None else "",
+            f"agreement {v['agreement']:.2f}%" if v.get("agreement") is not None else "",
             f"{v['size_mib']:.3f} MiB" if v["size_mib"] is not None else "",
         ]
         shown = ", ".join(f for f in figures if f)
         mark = f"meets ({shown})" if v["meets"] else "rejected: " + "; ".join(v["reasons"])
         items.append(f"`{v['name']}`: {mark}")
+    for stop in (results.get("search") or {}).get("stopped", []):
+        items.append(f"search, {stop['family']}: stopped early: {stop['reason']}")
     return items
 
 
@@ -142,7 +146,7 @@ def sensitivity_table(results: dict[str, Any]) -> tuple[list[str], list[list[str
     def key(layer: str) -> float:
         return -max(((q.get(layer) or {}).get("drop") or 0.0), ((p.get(layer) or {}).get("drop") or 0.0))
 
-    head = ["rank", "layer", "type", "int8 drop (pts)", "prune drop (pts)"]
+    head = ["rank", "layer", "type", "int8 alone: loss (pts)", "pruned alone: loss (pts)"]
     body = [
         [
             str(i + 1),
@@ -184,6 +188,12 @@ def data_line(results: dict[str, Any]) -> str:
     settings = results.get("settings") or {}
     output = settings.get("output")
     what = f"the model's `{output}` output" if output is not None else "the model's output"
+    if data.get("has_labels") and task == "classification" and data.get("labels") == "report_only":
+        return (
+            f"top-1 accuracy on labelled evaluation data is reported, but the labels were withheld "
+            f"from the optimizer: constraints, search and training used the fidelity of {what} to the "
+            "baseline only."
+        )
     if data.get("has_labels") and task == "classification":
         return f"top-1 accuracy on labelled evaluation data, and fidelity of {what} to the baseline."
     if task == "classification":

@@ -10,10 +10,11 @@ from ..recipe import Constraints
 MIB = 1024 * 1024
 
 
-def accuracy_drop(entry: dict[str, Any]) -> tuple[float | None, str]:
-    """Top-1 drop in points, or (without labels) 100 - agreement with the baseline."""
+def accuracy_drop(entry: dict[str, Any], use_labels: bool = True) -> tuple[float | None, str]:
+    """Top-1 drop in points, or (where the optimizer has no labels) 100 - agreement with the
+    baseline."""
     acc = entry.get("accuracy") or {}
-    if "top1_drop" in acc:
+    if use_labels and "top1_drop" in acc:
         return acc["top1_drop"], "top-1"
     if entry.get("name") == "baseline":
         return 0.0, "agreement"
@@ -29,20 +30,51 @@ def latency_of(entry: dict[str, Any], device: str, batch: int) -> float | None:
     return None
 
 
-def verdict(entry: dict[str, Any], c: Constraints, device: str, batch: int) -> dict[str, Any]:
+def fidelity(entry: dict[str, Any], name: str) -> float | None:
+    """Cosine or agreement to the baseline (the baseline is 1.0 / 100% by definition)."""
+    acc = entry.get("accuracy") or {}
+    key = "cosine_similarity" if name == "cosine" else "top1_agreement"
+    if entry.get("name") == "baseline" and acc.get(key) is None:
+        return 1.0 if name == "cosine" else 100.0
+    return acc.get(key)
+
+
+def fidelity_reasons(entry: dict[str, Any], c: Constraints, use_labels: bool = True) -> list[str]:
+    """Why a variant misses the accuracy / fidelity constraints (empty if it meets them)."""
+    reasons = []
+    if c.max_accuracy_drop is not None:
+        drop, basis = accuracy_drop(entry, use_labels)
+        if drop is None:
+            reasons.append("accuracy not measured")
+        elif drop > c.max_accuracy_drop:
+            reasons.append(f"accuracy drop {drop:.2f} > {c.max_accuracy_drop:g} points ({basis})")
+    if c.min_cosine is not None:
+        cos = fidelity(entry, "cosine")
+        if cos is None:
+            reasons.append("cosine not measured")
+        elif cos < c.min_cosine:
+            reasons.append(f"cosine {cos:.4f} < {c.min_cosine:g}")
+    if c.min_agreement is not None:
+        agreement = fidelity(entry, "agreement")
+        if agreement is None:
+            reasons.append("agreement not measured (the output is not class scores: use min_cosine)")
+        elif agreement < c.min_agreement:
+            reasons.append(f"agreement {agreement:.2f}% < {c.min_agreement:g}%")
+    return reasons
+
+
+def verdict(
+    entry: dict[str, Any], c: Constraints, device: str, batch: int, use_labels: bool = True
+) -> dict[str, Any]:
     """Whether one variant meets the constraints, with the figures and the reasons it fails."""
     reasons: list[str] = []
-    drop, basis = accuracy_drop(entry)
+    drop, _ = accuracy_drop(entry, use_labels)
     lat = latency_of(entry, device, batch)
     size = (entry.get("size") or {}).get("bytes")
     if entry.get("status") != "ok":
         reasons.append("failed: " + first_line(entry.get("error"), 120))
     else:
-        if c.max_accuracy_drop is not None:
-            if drop is None:
-                reasons.append("accuracy not measured")
-            elif drop > c.max_accuracy_drop:
-                reasons.append(f"accuracy drop {drop:.2f} > {c.max_accuracy_drop:g} points ({basis})")
+        reasons += fidelity_reasons(entry, c, use_labels)
         if lat is None:
             reasons.append(f"no latency on {device} at batch {batch}")
         elif c.max_latency_ms is not None and lat > c.max_latency_ms:
@@ -54,6 +86,8 @@ def verdict(entry: dict[str, Any], c: Constraints, device: str, batch: int) -> d
         "meets": not reasons,
         "reasons": reasons,
         "accuracy_drop": drop,
+        "cosine": fidelity(entry, "cosine"),
+        "agreement": fidelity(entry, "agreement"),
         "p50_ms": lat,
         "size_mib": None if size is None else round(size / MIB, 4),
     }
@@ -61,7 +95,8 @@ def verdict(entry: dict[str, Any], c: Constraints, device: str, batch: int) -> d
 
 def select(results: dict[str, Any], c: Constraints, device: str, batch: int) -> dict[str, Any]:
     """The fastest variant meeting every constraint; if none, the best found and why not."""
-    verdicts = [verdict(v, c, device, batch) for v in results["variants"]]
+    use_labels = (results.get("data") or {}).get("labels", "use") == "use"
+    verdicts = [verdict(v, c, device, batch, use_labels) for v in results["variants"]]
     meeting = [v for v in verdicts if v["meets"]]
     chosen = min(meeting, key=lambda v: v["p50_ms"]) if meeting else None
     best = None

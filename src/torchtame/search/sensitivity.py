@@ -20,22 +20,58 @@ from ..runtime import check_backend, quantized_engine
 WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
+METRICS = {
+    "top1": "top-1 accuracy (%)",
+    "agreement": "top-1 agreement with the baseline (%)",
+    "cosine": "cosine similarity to the baseline (x100)",
+}
+
+
 def score(
-    module: nn.Module, data: DataBundle, reference: torch.Tensor | None, backend: str | None = None
+    module: nn.Module,
+    data: DataBundle,
+    reference: torch.Tensor | None,
+    backend: str | None = None,
+    metric: str | None = None,
+    output: str | int | None = None,
 ) -> float:
-    """Top-1 accuracy in percent on the evaluation split, or (without labels) top-1 agreement
-    with ``reference`` outputs in percent."""
-    if data.has_labels:
-        return top1_accuracy(module, data.evaluation, backend)
+    """``metric`` on the evaluation split, in points: top-1 accuracy (labels the optimizer may
+    use), top-1 agreement with ``reference`` outputs, or their cosine similarity x 100. Default:
+    top-1 where labels may be used, else agreement."""
+    metric = metric or ("top1" if data.use_labels else "agreement")
+    if metric == "top1":
+        return top1_accuracy(module, data.evaluation, backend, output)
     assert reference is not None
     with quantized_engine(backend), torch.inference_mode():
-        logits, _ = predict(lambda x: call(module, x), lambda x: x, data.evaluation)
-    return 100.0 * (logits.argmax(1) == reference.argmax(1)).float().mean().item()
+        outputs, _ = predict(lambda x: call(module, x), lambda x: x, data.evaluation, output)
+    if metric == "cosine":
+        cos = torch.nn.functional.cosine_similarity(outputs.flatten(1), reference.flatten(1), dim=1)
+        return 100.0 * cos.mean().item()
+    return 100.0 * (outputs.argmax(-1) == reference.argmax(-1)).float().mean().item()
 
 
 def weight_layers(model: nn.Module) -> list[tuple[str, str]]:
     """(name, type) of every Conv/Linear layer, in execution-definition order."""
     return [(n, type(m).__name__) for n, m in model.named_modules() if isinstance(m, WEIGHT_LAYERS)]
+
+
+def execution_order(model: nn.Module, example: Any) -> list[str]:
+    """Names of the Conv/Linear layers in the order one forward pass runs them (first calls)."""
+    order: list[str] = []
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda mod, args, name=name: order.append(name) if name not in order else None
+        )
+        for name, m in model.named_modules()
+        if isinstance(m, WEIGHT_LAYERS)
+    ]
+    try:
+        with torch.inference_mode():
+            call(model, example)
+    finally:
+        for h in hooks:
+            h.remove()
+    return order
 
 
 def quantize_one(
@@ -59,8 +95,11 @@ def quantization_sensitivity(
     reference: torch.Tensor | None,
     opts: StaticOptions | None = None,
     progress: Progress | None = None,
+    metric: str | None = None,
+    output: str | int | None = None,
 ) -> list[dict[str, Any]]:
-    """The drop (points) from quantizing each Conv/Linear layer alone, most sensitive first."""
+    """The drop (points of ``metric``) from quantizing each Conv/Linear layer alone, most
+    sensitive first."""
     import copy
 
     opts = opts or StaticOptions()
@@ -76,7 +115,7 @@ def quantization_sensitivity(
         for name, kind in layers:
             try:
                 q = quantize_one(copy.deepcopy(model), name, data, opts, backend)
-                drop = baseline_score - score(q, data, reference, backend)
+                drop = baseline_score - score(q, data, reference, backend, metric, output)
                 out.append({"layer": name, "type": kind, "drop": round(drop, 3)})
             except Exception as exc:  # an untraceable model gives no quantization sensitivity
                 out.append({"layer": name, "type": kind, "drop": None, "error": first_line(exc, 160)})
@@ -92,6 +131,8 @@ def pruning_sensitivity(
     ratio: float = 0.5,
     importance: str = "l2",
     progress: Progress | None = None,
+    metric: str | None = None,
+    output: str | int | None = None,
 ) -> list[dict[str, Any]]:
     """The drop (points) from pruning ``ratio`` of each layer's channels alone (no fine-tuning)."""
     import copy
@@ -100,7 +141,7 @@ def pruning_sensitivity(
 
     progress = progress or NullProgress()
     example = data.example_input(1)
-    head = set(default_head(model, example))
+    head = set(default_head(model, example, output))
     layers = [(n, k) for n, k in weight_layers(model) if n not in head]
     out = []
     with caught("sensitivity"), progress.task("sensitivity: pruning per layer", len(layers)) as t:
@@ -117,7 +158,7 @@ def pruning_sensitivity(
                     output_transform=lambda out: sum(t.float().sum() for _, t in output_items(out)),
                 )
                 pruner.step()
-                drop = baseline_score - score(m, data, reference)
+                drop = baseline_score - score(m, data, reference, None, metric, output)
                 out.append({"layer": name, "type": kind, "drop": round(drop, 3)})
             except Exception as exc:  # a layer torch-pruning cannot handle alone
                 out.append({"layer": name, "type": kind, "drop": None, "error": first_line(exc, 160)})
