@@ -62,7 +62,7 @@ def test_quickstart_onnx_twins_are_verified(quickstart_run) -> None:
 
 def test_api_returns_what_results_json_holds(tmp_path: Path) -> None:
     steps = [
-        {"name": "int8", "pass": "quantize.static"},
+        {"name": "int8", "pass": "quantize.static", "options": {"mode": "fx"}},
         {"name": "pruned", "pass": "prune.structured", "options": {"ratio": 0.25}},
     ]
     result = run(tiny_recipe(tmp_path, steps=steps))

@@ -152,6 +152,16 @@ def main() -> None:
 @click.option(
     "--strict", is_flag=True, help="Exit 1 if any variant failed or has an error-level health finding."
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="local",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run builds and measurements as Ray tasks: alone, a local Ray instance; `auto` or "
+    "host:port, an existing cluster (pip install 'torchtame[ray]').",
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display; only warnings and the table.")
 def run_cmd(
@@ -160,6 +170,7 @@ def run_cmd(
     devices: tuple[str, ...],
     resume: Path | None,
     strict: bool,
+    ray_address: str | None,
     debug: bool,
     quiet: bool,
 ) -> None:
@@ -177,8 +188,16 @@ def run_cmd(
     try:
         display = contextlib.nullcontext(None) if quiet or not err.is_terminal else rich_progress(err)
         with display as progress:
+            execution = None
+            if ray_address is not None:
+                execution = {"engine": "ray", "address": None if ray_address == "local" else ray_address}
             result = run(
-                path, output_dir=output_dir, devices=list(devices) or None, progress=progress, resume=resume
+                path,
+                output_dir=output_dir,
+                devices=list(devices) or None,
+                progress=progress,
+                resume=resume,
+                execution=execution,
             )
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished variants are kept in the run directory")

@@ -217,6 +217,22 @@ class SearchConfig(Strict):
     combine: bool = Field(True, description="Also quantize the best pruning candidate.")
 
 
+class ExecutionConfig(Strict):
+    """Where the work runs: here (local), or as tasks on a Ray cluster."""
+
+    engine: Literal["local", "ray"] = "local"
+    address: str | None = Field(
+        None,
+        description="ray: null starts a local Ray instance for the run; `auto` joins the running cluster; "
+        "or `host:port` / `ray://host:port`.",
+    )
+    max_parallel: int | None = Field(None, ge=1, description="ray: at most this many builds at once.")
+    step_cpus: int = Field(1, ge=1, description="ray: CPUs (torch threads) of each build task.")
+    exclusive_measure: bool = Field(
+        True, description="ray: a measurement holds all of its node's CPUs, so nothing runs beside it."
+    )
+
+
 class Recipe(Strict):
     """A whole recipe. ``model``, ``data`` and ``steps`` are typed by the registries."""
 
@@ -236,6 +252,7 @@ class Recipe(Strict):
     )
     constraints: Constraints = Field(default_factory=Constraints)
     search: SearchConfig = Field(default_factory=SearchConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -98,8 +98,12 @@ def _fidelity_hint(entry: dict[str, Any], parent: dict[str, Any] | None) -> str:
     return "compare the variant's outputs with its parent's to find the layer that diverges"
 
 
-def _latency(entry: dict[str, Any], key: str = "p50_ms") -> dict[tuple[str, int, int], float]:
-    return {(m["device"], m["batch_size"], m["threads"]): m.get(key, 0.0) for m in entry.get("latency") or []}
+def _latency(entry: dict[str, Any], key: str = "p50_ms") -> dict[tuple[Any, ...], float]:
+    """Latency per setting; a setting is one node, device, batch size and thread count."""
+    return {
+        (m["device"], m["batch_size"], m["threads"], m.get("node")): m.get(key, 0.0)
+        for m in entry.get("latency") or []
+    }
 
 
 def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
@@ -111,7 +115,7 @@ def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) ->
     slower = [k for k in shared if mine[k] > max(theirs[k] * (1 + t.slower_tolerance), band.get(k, 0.0))]
     if not slower:
         return []
-    settings = ", ".join(f"{d} b{b} ({theirs[(d, b, n)] / mine[(d, b, n)]:.2f}x)" for d, b, n in slower)
+    settings = ", ".join(f"{k[0]} b{k[1]} ({theirs[k] / mine[k]:.2f}x)" for k in slower)
     everywhere = len(slower) == len(shared)
     return [
         finding(
@@ -121,8 +125,8 @@ def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) ->
             + (" (every measured setting)" if everywhere else ""),
             _slower_hint(entry),
             settings=[
-                {"device": d, "batch_size": b, "speedup": round(theirs[(d, b, n)] / mine[(d, b, n)], 3)}
-                for d, b, n in slower
+                {"device": k[0], "batch_size": k[1], "node": k[3], "speedup": round(theirs[k] / mine[k], 3)}
+                for k in slower
             ],
         )
     ]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,19 +16,16 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from .._warnings import caught
 from ..data import DataBundle
-from ..devices import resolve_device, resolve_devices
-from ..errors import RunError, TorchtameError, first_line
-from ..evaluate.health import Thresholds
-from ..evaluate.health import check as check_health
-from ..evaluate.health import summary as health_summary
+from ..devices import resolve_devices
+from ..errors import RunError, TorchtameError
 from ..progress import NullProgress, Progress
 from ..recipe import Recipe, load_recipe
 from ..variant import Variant
-from .executor import Built, StepInputs, build_step, options_json
+from .executor import Built, Job, StepInputs, build_step, options_json
 from .loading import load_inputs
 from .measure import Measurer
+from .record import Recorder
 from .store import RunStore, check_run_dir
 
 log = logging.getLogger("torchtame")
@@ -59,8 +54,9 @@ class RunResult:
 class Pipeline:
     """Runs one recipe. Use :func:`run` unless you need the stages one by one.
 
-    Its public step interface (``run_step``, ``entry``, ``variants``, ``baseline_outputs``) is
-    what the search builds its candidates through.
+    Its public step interface (``run_step``/``run_steps``, ``entry``, ``variants``,
+    ``baseline_outputs``) is what the search builds its candidates through; execution engines
+    (Ray) use ``prepare``, ``stub``, ``record`` and ``recorder`` as well.
     """
 
     def __init__(self, recipe: Recipe, progress: Progress | None = None, resume: Path | None = None) -> None:
@@ -68,8 +64,9 @@ class Pipeline:
         self.resume_dir = resume
         self.progress = progress or NullProgress()
         self.variants: dict[str, Variant] = {}
-        self.warnings: Counter[str] = Counter()
         self.store: RunStore | None = None
+        self.recorder: Recorder | None = None
+        self.engine: Any = None
 
     @property
     def run_dir(self) -> Path | None:
@@ -94,6 +91,15 @@ class Pipeline:
                 log.info("device %s: %s", c.requested, c.reason)
         self.store = RunStore(r, self.resume_dir)
         self.store.start(r, self.choices, r.evaluate.latency.threads or torch.get_num_threads())
+        self.recorder = Recorder(self.store, r)
+        if r.execution.engine == "ray":
+            from ..execution.ray_engine import make_engine
+
+            self.engine = make_engine(r.execution)
+            self.results["execution"] = self.engine.describe()
+            self.store.save()
+        else:
+            self.results["execution"] = {"engine": "local"}
 
     def load(self) -> tuple[torch.nn.Module, DataBundle]:
         loaded = load_inputs(self.recipe, self.devices, self.progress)
@@ -104,6 +110,8 @@ class Pipeline:
             loaded.task,
         )
         self.results["settings"].update({"task": self.task, "output": self.output})
+        assert self.recorder is not None
+        self.recorder.task = self.task
         self.results["data"] = loaded.data_info
         self.results["model"] = loaded.model_info
         self.measurer = Measurer(
@@ -125,16 +133,20 @@ class Pipeline:
         baseline = Variant(name="baseline", module=model, lineage=["baseline"])
         self.variants["baseline"] = baseline
         previous = self.store.previous.get("baseline")
+        assert self.recorder is not None
         if previous is not None:
             self.measurer.restore_baseline(baseline, previous)
-            self._resumed(previous)
+            base_entry = self.recorder.resumed(previous)
+        elif self.engine is not None:
+            from ..execution.ray_runner import measure_baseline
+
+            base_entry = measure_baseline(self, self.engine, baseline)
         else:
-            self._record(baseline, time.perf_counter(), None)
-        base_entry = self.results["variants"][0]
+            base_entry = self.record(baseline, time.perf_counter())
         if base_entry.get("status") == "failed":
             raise RunError(f"the baseline could not be measured: {base_entry['error']}")
-        for i, step in enumerate(self.recipe.steps):
-            self.run_step(step.name, step.pass_, step.from_, step.options, index=i)
+        steps = self.recipe.steps
+        self.run_steps([Job(s.name, s.pass_, s.from_, s.options, i) for i, s in enumerate(steps)])
         if self.recipe.strategy == "search":
             from ..search import run_search
 
@@ -145,25 +157,19 @@ class Pipeline:
             names = ex.variants or [
                 n for n, v in self.variants.items() if v.is_float and v.dtype == "float32"
             ]
-            for n in names:
-                if f"{n}-onnx" not in self.variants and n in self.variants:
-                    self.run_step(f"{n}-onnx", "export.onnx", n, ex.options, index=len(self.variants))
+            twins = [n for n in names if f"{n}-onnx" not in self.variants and n in self.variants]
+            jobs = [
+                Job(f"{n}-onnx", "export.onnx", n, ex.options, len(steps) + i) for i, n in enumerate(twins)
+            ]
+            self.run_steps(jobs)
 
     def select(self) -> None:
         """Record which variant meets the recipe's constraints (when it has any)."""
-        c = self.recipe.constraints
-        if c.empty:
-            return
-        from ..search.selection import select
+        from ..search.selection import select_for
 
-        device = (resolve_device(c.device).device or c.device) if c.device else self.devices[0]
-        batch = c.batch_size or self.recipe.evaluate.latency.batch_sizes[0]
-        sel = select(self.results, c, device, batch)
-        self.results["selection"] = sel
-        if sel["chosen"]:
-            log.info("chosen: %s, the fastest variant that meets every constraint", sel["chosen"])
-        else:
-            log.warning("no variant meets every constraint; the best found is %s", sel["best_found"])
+        selection = select_for(self.recipe, self.results, self.devices)
+        if selection is not None:
+            self.results["selection"] = selection
 
     # ----------------------------------------------------------------- the step interface
 
@@ -171,117 +177,103 @@ class Pipeline:
         """The results entry of variant ``name`` so far, if it has one."""
         return self.store.entry(name) if self.store is not None else None
 
+    @property
+    def parallel(self) -> bool:
+        """Whether steps given together to :meth:`run_steps` build in parallel (Ray)."""
+        return self.engine is not None
+
     def run_step(
         self, name: str, pass_name: str, parent: str, options: BaseModel, index: int | None = None
     ) -> dict[str, Any]:
         """Build variant ``name`` with ``pass_name`` from ``parent``, measure and record it; returns
         its results entry. ``index`` (default: the number of entries so far) seeds the step."""
-        assert self.store is not None
-        t0 = time.perf_counter()
         index = len(self.results["variants"]) if index is None else index
-        source = self.variants.get(parent)
-        failed = Variant(name=name, pass_name=pass_name, parent=parent, options=options_json(options))
+        return self.run_steps([Job(name, pass_name, parent, options, index)])[0]
+
+    def run_steps(self, jobs: list[Job]) -> list[dict[str, Any]]:
+        """Build, measure and record several steps (a step may start from an earlier one of the
+        list); returns their entries in the order given. Ray builds them in parallel."""
+        if self.engine is not None:
+            from ..execution.ray_runner import run_jobs
+
+            return run_jobs(self, self.engine, jobs)
+        out = []
+        for job in jobs:
+            source, entry = self.prepare(job)
+            if entry is None:
+                assert source is not None
+                entry = self._build_here(job, source)
+            out.append(entry)
+        return out
+
+    def prepare(self, job: Job) -> tuple[Variant | None, dict[str, Any] | None]:
+        """The variant ``job`` starts from; or, instead, its entry when there is nothing to build
+        (its source failed, or an earlier run finished it: ``--resume``)."""
+        assert self.store is not None
+        source = self.variants.get(job.parent)
         if source is None:
-            return self._record(failed, t0, f"skipped: its source variant {parent!r} failed")
-        failed.lineage = [*source.lineage, name]
-        before = self.store.reusable(name, pass_name, parent, failed.options)
+            return None, self.recorder.failed(
+                self.stub(job), time.perf_counter(), f"skipped: its source variant {job.parent!r} failed"
+            )
+        before = self.store.reusable(job.name, job.pass_name, job.parent, options_json(job.options))
         restored = self.store.load_variant(before) if before is not None else None
         if before is not None and restored is not None:
-            self.variants[name] = restored
-            return self._resumed(before)
-        seed = self.recipe.seed + index + 1
-        built = build_step(name, pass_name, source, options, self.inputs, seed, self.store.variant_dir(name))
-        if built.variant is None:
-            return self._record(failed, t0, built.error, built.warnings)
-        self.variants[name] = built.variant
-        return self._record(built.variant, t0, None, built.warnings)
+            self.variants[job.name] = restored
+            return None, self.recorder.resumed(before)
+        return source, None
 
-    # ----------------------------------------------------------------- recording
-
-    def _resumed(self, entry: dict[str, Any]) -> dict[str, Any]:
-        assert self.store is not None
-        log.info("resumed: %s was finished by the earlier run", entry["name"])
-        entry = {**entry, "resumed": True}
-        self.store.add(entry)
-        return entry
-
-    def _record(
-        self, v: Variant, t0: float, error: str | None, warns: Counter[str] | None = None
-    ) -> dict[str, Any]:
-        """Measure a built variant (unless it failed) and add its entry to results.json."""
-        assert self.store is not None
-        made = v.to_entry()
-        entry: dict[str, Any] = {"name": v.name, "status": "failed" if error else "ok"}
-        made.pop("name")
-        entry.update({k: made.pop(k) for k in ("pass", "from", "lineage", "options")})
-        warns = warns if warns is not None else Counter()
-        if error is None:
-            try:
-                with caught("measure", warns):
-                    files = self.store.save_artifact(v, self.example)
-                    parent = self.entry(v.parent) if v.parent else None
-                    measured = {**made, "artifact": self.store.relative(files)}
-                    measured.update(self.measurer.measure(v, files, parent))
-                entry.update(measured)
-                self._check_health(entry, parent)
-            except TorchtameError as exc:
-                error = f"measuring failed: {exc}"
-            except Exception as exc:
-                log.debug("measuring %s failed:\n%s", v.name, traceback.format_exc())
-                error = f"measuring failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
-            if error:
-                entry["status"] = "failed"
-                self.variants.pop(v.name, None)
-        if error:
-            entry["error"] = error
-            log.warning("variant %s failed: %s", v.name, first_line(error, 500))
-        entry["duration_s"] = round(time.perf_counter() - t0, 3)
-        if warns:
-            entry["warnings_caught"] = sum(warns.values())
-            self.warnings.update(warns)
-            self.results["warnings"] = dict(self.warnings.most_common())
-        self.store.add(entry)
-        return entry
-
-    def _check_health(self, entry: dict[str, Any], parent: dict[str, Any] | None) -> None:
-        cfg = self.recipe.evaluate.health
-        if not cfg.enabled:
-            return
-        thresholds = Thresholds(
-            cfg.min_cosine,
-            cfg.min_agreement,
-            cfg.slower_tolerance,
-            cfg.warn_cosine,
-            cfg.warn_agreement,
-            cfg.warn_accuracy_drop,
+    def stub(self, job: Job) -> Variant:
+        """The variant a job would make, for recording it failed."""
+        source = self.variants.get(job.parent)
+        lineage = [*source.lineage, job.name] if source is not None else []
+        return Variant(
+            job.name,
+            pass_name=job.pass_name,
+            parent=job.parent,
+            lineage=lineage,
+            options=options_json(job.options),
         )
-        entry["health"] = check_health(entry, parent, self.task, thresholds)
-        for f in entry["health"]:
-            if f["level"] != "info":
-                log.debug("%s: %s. Next: %s", entry["name"], f["message"], f["suggestion"])
+
+    def _build_here(self, job: Job, source: Variant) -> dict[str, Any]:
+        assert self.store is not None
+        t0 = time.perf_counter()
+        seed = self.recipe.seed + job.index + 1
+        built = build_step(
+            job.name, job.pass_name, source, job.options, self.inputs, seed, self.store.variant_dir(job.name)
+        )
+        if built.variant is None:
+            return self.recorder.failed(self.stub(job), t0, built.error or "failed", built.warnings)
+        return self.record(built.variant, t0, built.warnings)
+
+    def record(
+        self, v: Variant, t0: float, warns: Any = None, figures: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Save ``v``'s artefact, measure it here (unless its ``figures`` were measured elsewhere)
+        and record it."""
+        assert self.store is not None
+        self.variants[v.name] = v
+
+        def measure() -> tuple[list[Path], dict[str, Any]]:
+            files = self.store.save_artifact(v, self.example) if figures is None else self.store.files_of(v)
+            parent = self.entry(v.parent) if v.parent else None
+            if figures is None:
+                return files, self.measurer.measure(v, files, parent)
+            return files, {"size": self.measurer.size(v, files, parent), **figures}
+
+        entry = self.recorder.measured(v, t0, warns, measure)
+        if entry["status"] != "ok":
+            self.variants.pop(v.name, None)
+        return entry
 
     # ----------------------------------------------------------------- output
 
     def finish(self, status: str, error: str | None = None) -> None:
         assert self.store is not None
-        if self.warnings:
-            top = ", ".join(f"{k.split(': ', 1)[-1][:60]!r} x{n}" for k, n in self.warnings.most_common(3))
-            log.info(
-                "caught %d library warnings (%d distinct; most frequent: %s); all are in results.json",
-                sum(self.warnings.values()),
-                len(self.warnings),
-                top,
-            )
-        self.results["health"] = health_summary(self.results)
-        counts = self.results["health"]
-        if counts["error"] or counts["warning"]:
-            log.warning(
-                "health: %d error(s), %d warning(s): %s (details and next steps in report.md)",
-                counts["error"],
-                counts["warning"],
-                counts["line"],
-            )
+        if self.recorder is not None:
+            self.recorder.close()
         self.store.finish(status, error)
+        if self.engine is not None:
+            self.engine.close()
         if status == "complete" or self.results["variants"]:
             from ..report import write_reports
 
@@ -314,12 +306,14 @@ def run(
     devices: list[str] | None = None,
     progress: Progress | None = None,
     resume: str | Path | None = None,
+    execution: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run a recipe end to end and return its results (the data ``results.json`` holds).
 
     ``resume`` names the directory of an earlier run that failed or was interrupted: variants it
     finished are reloaded from their artefacts, the rest are built, all in that directory. The
-    recipe defaults to the one saved there.
+    recipe defaults to the one saved there. ``execution`` overrides the recipe's (e.g.
+    ``{"engine": "ray", "address": "auto"}``).
     """
     resume_dir = check_run_dir(Path(resume)) if resume is not None else None
     if recipe is None and resume_dir is not None:
@@ -330,6 +324,7 @@ def run(
         recipe,
         output_dir=str(output_dir) if output_dir is not None else None,
         devices=devices,
+        execution=execution,
     )
     return Pipeline(loaded, progress, resume=resume_dir).run()
 

@@ -30,6 +30,17 @@ def options_json(options: Any) -> Any:
     return options.model_dump(mode="json") if isinstance(options, BaseModel) else options
 
 
+@dataclass(frozen=True)
+class Job:
+    """One step to build: a pass applied to an earlier variant (``index`` seeds it)."""
+
+    name: str
+    pass_name: str
+    parent: str
+    options: Any
+    index: int
+
+
 @dataclass
 class StepInputs:
     """What every step of a run shares: data, example input, devices, the variants built so far."""
@@ -165,4 +176,4 @@ def apply_pass(
     return execute_pass(name, name, parent, opts, inputs, seed, work)
 
 
-__all__ = ["Built", "StepInputs", "apply_pass", "build_step", "execute_pass"]
+__all__ = ["Built", "Job", "StepInputs", "apply_pass", "build_step", "execute_pass"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class Measurer:
     baseline_accuracy: dict[str, Any] = field(default_factory=dict)
     output: str | int | None = None
     task: str = "classification"
+    node: str = field(default_factory=platform.node)
 
     @property
     def devices(self) -> list[str]:
@@ -57,7 +59,13 @@ class Measurer:
 
     def measure(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
         """Size, accuracy on the first device it runs on, latency on every device and batch."""
-        out: dict[str, Any] = {"size": self._size(v, files, parent_entry)}
+        return {"size": self.size(v, files, parent_entry), **self.run(v)}
+
+    def run(self, v: Variant, node: str | None = None, accuracy: bool = True) -> dict[str, Any]:
+        """Accuracy (on the first device the variant runs on) and latency on every device and
+        batch size; every latency records the ``node`` it was measured on."""
+        out: dict[str, Any] = {}
+        self.node = node or self.node
         runnable = [d for d in self.devices if v.runs_on(d)[0]]
         out["skipped_devices"] = [
             {"device": d, "reason": v.runs_on(d)[1]} for d in self.devices if d not in runnable
@@ -77,7 +85,7 @@ class Measurer:
                     t0 = time.perf_counter()
                     run(prepare(self.example))
                     out.setdefault("compile_s", {})[device] = round(time.perf_counter() - t0, 3)
-                if device == runnable[0]:
+                if device == runnable[0] and accuracy:
                     self.progress.status(f"{v.name}: accuracy on {device}")
                     outputs, labels = predict(run, prepare, self.data.evaluation, self.output)
                     out["accuracy"] = self.accuracy(v.name, outputs, labels, device)
@@ -98,7 +106,7 @@ class Measurer:
                         )
         return out
 
-    def _size(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
+    def size(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
         if v.kind == "onnx":
             assert v.onnx_path is not None
             params = onnx_params(v.onnx_path)
@@ -133,6 +141,7 @@ class Measurer:
             dtype=v.dtype,
         )
         d = stats.to_dict()
+        d["node"] = self.node
         d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
         if v.kind == "onnx":
             d["graph_optimization"] = lat.onnx_graph_optimization

@@ -83,6 +83,15 @@ def check_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
+def artifact_files(v: Variant, directory: Path, example: Any) -> list[Path]:
+    """The variant's artefact files: its ONNX file (and side data), or its module saved into
+    ``directory``."""
+    if v.kind == "onnx":
+        assert v.onnx_path is not None
+        return [v.onnx_path, *v.onnx_path.parent.glob(v.onnx_path.name + ".data")]
+    return [save_module(v, directory, example)]
+
+
 class RunStore:
     """One run's directory and the results it holds; every change is saved at once."""
 
@@ -143,10 +152,14 @@ class RunStore:
 
     def save_artifact(self, v: Variant, example: Any) -> list[Path]:
         """Write the variant's artefact (ONNX variants already are files); returns its files."""
+        return artifact_files(v, self.variant_dir(v.name), example)
+
+    def files_of(self, v: Variant) -> list[Path]:
+        """The artefact files already written for ``v`` (by an execution engine)."""
         if v.kind == "onnx":
             assert v.onnx_path is not None
             return [v.onnx_path, *v.onnx_path.parent.glob(v.onnx_path.name + ".data")]
-        return [save_module(v, self.variant_dir(v.name), example)]
+        return sorted(p for p in self.variant_dir(v.name).iterdir() if p.is_file())
 
     def relative(self, files: list[Path]) -> list[str]:
         return [str(p.relative_to(self.run_dir)) for p in files]

@@ -93,17 +93,17 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
     rows = []
     task = result_task(results)
     base = next((v for v in results["variants"] if v["name"] == "baseline"), None)
-    base_lat = {(m["device"], m["batch_size"]): m for m in (base or {}).get("latency", [])}
+    base_lat = {(m["device"], m["batch_size"], m.get("node")): m for m in (base or {}).get("latency", [])}
     base_size = ((base or {}).get("size") or {}).get("bytes")
     for v in results["variants"]:
         acc = v.get("accuracy") or {}
         size = v.get("size") or {}
         lat = {(m["device"], m["batch_size"]): m for m in v.get("latency", [])}
-        speed = {
-            k: base_lat[k]["p50_ms"] / m["p50_ms"]
-            for k, m in lat.items()
-            if k in base_lat and m["p50_ms"] > 0 and base_lat[k]["threads"] == m["threads"]
-        }
+        speed = {}
+        for k, m in lat.items():  # speed-ups only between measurements of one node, device, batch, threads
+            ref = base_lat.get((*k, m.get("node")))
+            if ref is not None and m["p50_ms"] > 0 and ref["threads"] == m["threads"]:
+                speed[k] = ref["p50_ms"] / m["p50_ms"]
         rows.append(
             Row(
                 name=v["name"],

@@ -111,3 +111,23 @@ def select(results: dict[str, Any], c: Constraints, device: str, batch: int) -> 
         "best_found": best["name"] if best else None,
         "candidates": verdicts,
     }
+
+
+def select_for(recipe: Any, results: dict[str, Any], devices: list[str]) -> dict[str, Any] | None:
+    """The recipe's selection over a run's results (None when the recipe has no constraints)."""
+    import logging
+
+    from ..devices import resolve_device
+
+    c = recipe.constraints
+    if c.empty:
+        return None
+    device = (resolve_device(c.device).device or c.device) if c.device else devices[0]
+    batch = c.batch_size or recipe.evaluate.latency.batch_sizes[0]
+    sel = select(results, c, device, batch)
+    log = logging.getLogger("torchtame")
+    if sel["chosen"]:
+        log.info("chosen: %s, the fastest variant that meets every constraint", sel["chosen"])
+    else:
+        log.warning("no variant meets every constraint; the best found is %s", sel["best_found"])
+    return sel
