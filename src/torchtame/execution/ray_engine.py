@@ -67,13 +67,37 @@ def unpack(package: Package, directory: Path | None = None) -> Any:
 
 
 @functools.lru_cache(maxsize=2)
-def _context(recipe_json: str) -> tuple[Any, Any]:
-    """The recipe and its data, loaded once per worker process."""
+def _context(recipe_json: str, modules: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """The recipe and its data, loaded once per worker process; ``modules`` (the user's own
+    modules that registered passes or sources the recipe names) are imported first."""
+    import importlib
+
     from ..data import load_data
     from ..recipe import load_recipe
 
+    for module in modules:
+        importlib.import_module(module)
     recipe = load_recipe(recipe_json)
     return recipe, load_data(recipe.data, recipe.seed)
+
+
+def user_modules() -> tuple[str, ...]:
+    """Modules outside torchtame that registered items: workers import them to know the items."""
+    from ..registry import DATA_SOURCES, METRICS, MODEL_SOURCES, PASSES
+
+    found = {e.fn.__module__ for reg in (PASSES, MODEL_SOURCES, DATA_SOURCES, METRICS) for e in reg.entries()}
+    return tuple(sorted(m for m in found if m and not m.startswith("torchtame")))
+
+
+def _ensure_registered(pass_name: str, module: str | None) -> None:
+    """A pass registered by the user's own module (not a plugin) is registered on the worker by
+    importing that module, which must be importable there."""
+    import importlib
+
+    from ..registry import PASSES
+
+    if pass_name not in PASSES and module:
+        importlib.import_module(module)
 
 
 def _node() -> str:
@@ -97,7 +121,8 @@ def build_task(
 
     torch.set_num_threads(context["threads"])
     t0 = time.perf_counter()
-    _, data = _context(recipe_json)
+    _ensure_registered(job["pass"], job.get("module"))
+    _, data = _context(recipe_json, tuple(context.get("modules", ())))
     work = Path(tempfile.mkdtemp(prefix="torchtame-build-"))
     source = unpack(parent, work / "parent")
     variants = {source.name: source}
@@ -137,7 +162,8 @@ def measure_task(
     from ..pipeline.measure import Measurer
 
     torch.set_num_threads(context["threads"])
-    recipe, data = _context(recipe_json)
+    t0 = time.perf_counter()
+    recipe, data = _context(recipe_json, tuple(context.get("modules", ())))
     v = unpack(package)
     m = Measurer(
         recipe.evaluate,
@@ -152,6 +178,7 @@ def measure_task(
     out = m.run(v, node=_node(), accuracy=accuracy)
     if v.name == "baseline" and accuracy:
         out["_baseline_outputs"] = m.baseline_outputs
+    out["measure_s"] = round(time.perf_counter() - t0, 3)
     return out
 
 
@@ -191,6 +218,13 @@ class RayEngine:
             raise RunError(
                 f"no node of the Ray cluster has the `{MEASURE}` resource, so nothing could be measured",
                 hint=f"start each node with `ray start ... --resources {SLOT}`",
+            )
+        largest = max(n["Resources"].get("CPU", 0) for n in self.ray.nodes() if n.get("Alive"))
+        if step_cpus > largest:  # such a task could never be scheduled: the run would wait forever
+            raise RunError(
+                f"execution.step_cpus is {step_cpus}, but no node of the Ray cluster has more than "
+                f"{largest:g} CPUs",
+                hint=f"set `execution.step_cpus` to at most {largest:g}",
             )
         self._build = self.ray.remote(max_retries=0)(build_task)
         self._measure = self.ray.remote(max_retries=0)(measure_task)
@@ -253,12 +287,15 @@ class RayEngine:
         return self.ray.wait(refs, num_returns=1, timeout=timeout)
 
     def get(self, ref: Any) -> tuple[Any, str | None]:
-        """The task's result, or (None, why it was lost)."""
+        """The task's result, or (None, why there is none)."""
+        errors = self.ray.exceptions
         try:
             return self.ray.get(ref), None
-        except self.ray.exceptions.RayError as exc:
-            kind = type(exc).__name__
-            return None, f"the Ray worker was lost ({kind}): {first_line(exc, 200)}"
+        except errors.RayTaskError as exc:  # the task itself raised
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            return None, f"failed on the Ray worker: {type(cause).__name__}: {first_line(cause, 200)}"
+        except errors.RayError as exc:  # the worker or its node went away
+            return None, f"the Ray worker was lost ({type(exc).__name__}): {first_line(exc, 200)}"
 
     def cancel(self, refs: list[Any]) -> None:
         for ref in refs:

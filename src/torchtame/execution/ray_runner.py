@@ -12,7 +12,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .ray_engine import Package, RayEngine, pack, unpack
+from ..registry import PASSES
+from .ray_engine import Package, RayEngine, pack, unpack, user_modules
 
 if TYPE_CHECKING:
     from ..pipeline.core import Pipeline
@@ -29,6 +30,7 @@ def _recipe_json(pipe: Pipeline) -> str:
 
 def _context(pipe: Pipeline) -> dict[str, Any]:
     return {
+        "modules": user_modules(),
         "devices": pipe.devices,
         "choices": pipe.choices,
         "output": pipe.output,
@@ -129,6 +131,7 @@ def run_jobs(pipe: Pipeline, engine: RayEngine, jobs: list[Job]) -> list[dict[st
                 "pass": job.pass_name,
                 "options": job.options,
                 "seed": pipe.recipe.seed + job.index + 1,
+                "module": PASSES.get(job.pass_name).fn.__module__,
             }
             ref = engine.submit_build(
                 recipe_json,
@@ -162,6 +165,7 @@ def run_jobs(pipe: Pipeline, engine: RayEngine, jobs: list[Job]) -> list[dict[st
             _gpus(pipe, any(d.startswith("cuda") for d in pipe.devices)),
         )
         measures[mref] = (job, v, t0, warns, out["node"])
+        sizes[job.name]["_build_s"] = round(out["seconds"], 3)
 
     def measured(ref: Any) -> None:
         job, v, t0, warns, node = measures.pop(ref)
@@ -170,7 +174,8 @@ def run_jobs(pipe: Pipeline, engine: RayEngine, jobs: list[Job]) -> list[dict[st
             pipe.variants.pop(job.name, None)
             entries[job.name] = pipe.recorder.failed(v, t0, f"measuring failed: {lost}", warns)
             return
-        figures.update({"size": sizes[job.name], "built_on": node})
+        size = sizes[job.name]
+        figures.update({"size": size, "built_on": node, "build_s": size.pop("_build_s", None)})
         entries[job.name] = pipe.record(v, t0, warns, figures)
 
     try:

@@ -68,6 +68,7 @@ class Recorder:
         """Run ``measure`` (save the artefact, measure it; returns the files and the figures) and
         record the variant, or record it failed if measuring raised."""
         warns = warns if warns is not None else Counter()
+        started = time.perf_counter()
         try:
             with caught("measure", warns):
                 files, figures = measure()
@@ -83,6 +84,8 @@ class Recorder:
         entry.update({k: made.pop(k) for k in ("pass", "from", "lineage", "options")})
         made.pop("name")
         entry.update({**made, "artifact": self.store.relative(files), **figures})
+        entry.setdefault("build_s", round(started - t0, 3))
+        entry.setdefault("measure_s", round(time.perf_counter() - started, 3))
         self.check(entry)
         return self._add(entry, t0, warns)
 
