@@ -7,6 +7,7 @@ p50s. Machine drift then hits all rows alike instead of the ones timed last.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import platform
@@ -14,6 +15,7 @@ import random
 import re
 import statistics
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +44,21 @@ def interleaved_p50(
     rounds: int = 3,
     min_time_s: float = 1.0,
     seed: int = 0,
+    contexts: dict[str, Callable[[], AbstractContextManager[Any]]] | None = None,
 ) -> dict[str, float]:
-    """Median over ``rounds`` of each callable's p50 (ms), rounds in a random order each time."""
+    """Median over ``rounds`` of each callable's p50 (ms), rounds in a random order each time.
+
+    ``contexts[name]()`` is entered around that callable's timing (a quantized engine, the
+    attention fast-path switch), so every row runs under its own settings in the shared rounds.
+    """
     rng = random.Random(seed)
+    contexts = contexts or {}
     p50s: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         order = list(fns)
         rng.shuffle(order)
         for name in order:
-            with torch.inference_mode():
+            with contexts.get(name, contextlib.nullcontext)(), torch.inference_mode():
                 stats = measure_latency(
                     lambda v, f=fns[name]: call(f, v), x, warmup=3, min_runs=10, min_time_s=min_time_s
                 )

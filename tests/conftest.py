@@ -72,10 +72,15 @@ def tiny_recipe(tmp_path: Path, **overrides) -> dict:
         "data": {"source": "digits", "batch_size": 64},
         "devices": ["cpu"],
         "steps": [],
-        "evaluate": {"latency": {"batch_sizes": [1], "warmup": 1, "min_runs": 3, "min_time_s": 0}},
+        # one CPU memory reading per variant and batch (the default median of three is for users)
+        "evaluate": {
+            "latency": {"batch_sizes": [1], "warmup": 1, "min_runs": 3, "min_time_s": 0},
+            "memory_repeats": 1,
+        },
         "report": {"formats": ["json", "md"]},
     }
-    recipe.update(overrides)
+    evaluate = {**recipe["evaluate"], **overrides.pop("evaluate", {})}
+    recipe.update(overrides, evaluate=evaluate)
     return recipe
 
 

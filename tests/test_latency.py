@@ -52,9 +52,75 @@ def test_warmup_calls_are_not_timed() -> None:
     assert s.p99_ms < 20
 
 
-def test_threads_are_recorded() -> None:
-    s = measure_latency(lambda x: x, torch.zeros(1), min_runs=2, min_time_s=0, threads=1)
-    assert s.threads == 1
+def test_the_recorded_thread_count_is_the_one_the_timed_calls_ran_with() -> None:
+    from torchtame.evaluate.runner import make_runner
+    from torchtame.variant import Variant
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    v = Variant(name="m", module=torch.nn.Linear(64, 64).eval())
+    x = torch.randn(8, 64)
+    for threads in (1, 2):
+        with make_runner(v, "cpu", threads=threads) as (run, _):
+            timing = run.timing
+            s = measure_latency(
+                lambda t, fn=timing.fn: (seen.append(torch.get_num_threads()), fn(t))[1],
+                timing.prepare(x),
+                min_runs=3,
+                min_time_s=0,
+                threads=timing.threads,
+            )
+        assert s.threads == threads and set(seen) == {threads}, (threads, seen)
+        seen.clear()
+    assert torch.get_num_threads() == before  # restored after the runner
+
+
+def test_threads_change_the_time_of_a_parallel_kernel() -> None:
+    """Two threads on a large matmul are measurably faster than one (on a machine with >= 2 cores)."""
+    import os
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two cores")
+    x = torch.randn(768, 768)
+    before = torch.get_num_threads()
+    p50 = {}
+    try:
+        for threads in (1, 2, 1, 2):
+            torch.set_num_threads(threads)
+            s = measure_latency(lambda t: t @ t, x, warmup=2, min_runs=15, min_time_s=0.2)
+            assert s.threads == threads
+            p50[threads] = min(p50.get(threads, float("inf")), s.p50_ms)
+    finally:
+        torch.set_num_threads(before)
+    assert p50[2] < 0.85 * p50[1], p50
+
+
+def test_onnx_io_binding_gives_the_same_outputs(tmp_path) -> None:
+    """The bound session (how ONNX variants are timed on CUDA) runs the same graph; checked on
+    the CPU, where binding works the same way."""
+    from torchtame.onnx_runtime import BoundSession, run_session, session
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(
+        model,
+        (torch.randn(2, 16),),
+        str(path),
+        dynamo=False,
+        input_names=["x"],
+        dynamic_axes={"x": {0: "batch"}},
+    )
+    sess = session(path, "cpu", 1)
+    bound = BoundSession(sess, "cpu")
+    x = torch.randn(5, 16)
+    prepared = bound.prepare(x)
+    bound(prepared)
+    (out,) = bound.outputs(prepared)
+    ref = next(iter(run_session(sess, x).values()))
+    assert torch.allclose(torch.from_numpy(out), ref) and out.shape == (5, 4)
+    s = measure_latency(bound, prepared, min_runs=3, min_time_s=0, threads=1, timer="wall", batch=5)
+    assert s.timer == "wall-clock" and s.threads == 1 and s.batch_size == 5
 
 
 def test_percentiles_and_summary() -> None:

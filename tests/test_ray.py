@@ -27,6 +27,21 @@ def _workers_import_tests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray workers import passes registered here (tests.test_ray) from the repository root."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray instance (2 CPUs, one measuring slot) for the tests that need one; the engine
+    uses a running instance instead of starting its own."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    ray.init(
+        num_cpus=2,
+        resources={"torchtame_measure": 1},
+        _node_ip_address=LOOPBACK,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     yield
     if ray.is_initialized():
         ray.shutdown()
@@ -46,8 +61,10 @@ STEPS = [
 ]
 
 
-def _recipe(tmp_path: Path, execution: dict | None = None, steps: list | None = None) -> dict:
-    r = tiny_recipe(tmp_path, steps=steps or STEPS)
+def _recipe(
+    tmp_path: Path, execution: dict | None = None, steps: list | None = None, memory: bool = False
+) -> dict:
+    r = tiny_recipe(tmp_path, steps=steps or STEPS, evaluate={"memory": memory})
     if steps is None:
         r["export"] = {"onnx": True, "variants": ["pruned-ft"]}
     if execution:
@@ -62,23 +79,49 @@ def _figures(result) -> dict[str, tuple]:
     }
 
 
-def test_local_ray_gives_the_local_engines_figures_and_resumes(tmp_path: Path) -> None:
+def test_local_ray_gives_the_local_engines_figures_and_resumes(tmp_path: Path, local_ray) -> None:
     local = run(_recipe(tmp_path))
-    remote = run(_recipe(tmp_path, {"engine": "ray", "step_cpus": 2}))  # the same torch threads
+    # the same torch threads; memory is measured on the worker, from the artefact it received
+    remote = run(_recipe(tmp_path, {"engine": "ray", "step_cpus": 2}, memory=True))
     assert remote.status == "complete"
     assert _figures(remote) == _figures(local)
+    assert all(m["peak_memory_mb"] > 0 for v in remote.results["variants"] for m in v["latency"])
     execution = remote.results["execution"]
-    assert execution["engine"] == "ray" and execution["started_local_cluster"]
+    assert execution["engine"] == "ray" and len(execution["nodes"]) == 1
     node = execution["nodes"][0]["node"]
     for v in remote.results["variants"]:
         assert {m["node"] for m in v["latency"]} == {node}
     by = {v["name"]: v for v in remote.results["variants"]}
     assert by["pruned-ft"]["built_on"] == node and (remote.run_dir / by["pruned-ft"]["artifact"][0]).is_file()
     assert by["pruned-ft-onnx"]["status"] == "ok"
-    again = run(_recipe(tmp_path, {"engine": "ray"}), resume=remote.run_dir)
+    again = run(_recipe(tmp_path, {"engine": "ray"}, memory=True), resume=remote.run_dir)
     assert all(v.get("resumed") for v in again.results["variants"])
 
 
+def test_a_killed_worker_fails_its_variant_not_the_run(tmp_path: Path, local_ray) -> None:
+    steps = [
+        {"name": "int8", "pass": "quantize.dynamic"},
+        {"name": "lost", "pass": "test.suicide"},
+        {"name": "after-lost", "from": "lost", "pass": "quantize.dynamic"},
+        {"name": "pruned", "pass": "prune.structured", "options": {"ratio": 0.25}},
+    ]
+    result = run(_recipe(tmp_path, {"engine": "ray"}, steps))
+    assert result.status == "complete"
+    lost = result.variant("lost")
+    assert lost["status"] == "failed" and "worker was lost" in lost["error"]
+    assert "skipped" in result.variant("after-lost")["error"]
+    assert result.variant("int8")["status"] == "ok" and result.variant("pruned")["status"] == "ok"
+
+
+def test_ray_without_the_package_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchtame import RunError
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(RunError, match=r"torchtame\[ray\]"):
+        run(_recipe(tmp_path, {"engine": "ray"}))
+
+
+# last: its teardown stops every Ray process of this machine (`ray stop --force`)
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
@@ -114,6 +157,8 @@ def two_nodes(tmp_path: Path):
 
 @pytest.mark.skipif(shutil.which(RAY_BIN) is None and not Path(RAY_BIN).exists(), reason="needs the ray CLI")
 def test_two_node_cluster_records_both_nodes(tmp_path: Path, two_nodes: str) -> None:
+    if ray.is_initialized():  # the module's local instance is not this cluster
+        ray.shutdown()
     result = run(_recipe(tmp_path, {"engine": "ray", "address": two_nodes}))
     assert result.status == "complete"
     nodes = {n["node"] for n in result.results["execution"]["nodes"]}
@@ -128,26 +173,3 @@ def test_two_node_cluster_records_both_nodes(tmp_path: Path, two_nodes: str) -> 
     for row in rows_from_results(result.results):  # speed-ups only between one node's measurements
         for key in row.speedup:
             assert row.latency[key]["node"] in nodes
-
-
-def test_a_killed_worker_fails_its_variant_not_the_run(tmp_path: Path) -> None:
-    steps = [
-        {"name": "int8", "pass": "quantize.dynamic"},
-        {"name": "lost", "pass": "test.suicide"},
-        {"name": "after-lost", "from": "lost", "pass": "quantize.dynamic"},
-        {"name": "pruned", "pass": "prune.structured", "options": {"ratio": 0.25}},
-    ]
-    result = run(_recipe(tmp_path, {"engine": "ray"}, steps))
-    assert result.status == "complete"
-    lost = result.variant("lost")
-    assert lost["status"] == "failed" and "worker was lost" in lost["error"]
-    assert "skipped" in result.variant("after-lost")["error"]
-    assert result.variant("int8")["status"] == "ok" and result.variant("pruned")["status"] == "ok"
-
-
-def test_ray_without_the_package_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchtame import RunError
-
-    monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(RunError, match=r"torchtame\[ray\]"):
-        run(_recipe(tmp_path, {"engine": "ray"}))

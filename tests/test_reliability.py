@@ -472,7 +472,55 @@ def test_resume_needs_a_run_directory(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "not a torchtame run directory" in result.stderr
 
 
+def _kill_writers(tmp_path: Path, mode: str, kills: int) -> list[str]:
+    """Fork a process rewriting a ~3 MB results file in a loop, SIGKILL it at a random moment,
+    and read the file as a reader would; return what was wrong with each read."""
+    import os
+    import random
+    import signal
+    import time
+
+    from torchtame.pipeline.store import write_json_atomic
+
+    rng = random.Random(0)
+    path = tmp_path / f"{mode}.json"
+    payload = {"variants": [{"name": f"v{i}", "latency": list(range(200))} for i in range(2000)]}
+    problems = []
+    for _ in range(kills):
+        path.unlink(missing_ok=True)
+        pid = os.fork()
+        if pid == 0:  # the writer: rewrite forever until killed
+            try:
+                for n in range(10**9):
+                    payload["n"] = n
+                    if mode == "naive":  # the same streaming dump, straight into the file
+                        with open(path, "w", encoding="utf-8") as fh:
+                            json.dump(payload, fh, indent=2)
+                    else:
+                        write_json_atomic(path, payload)
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.05, 0.3))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        try:
+            data = json.loads(path.read_text())
+            if len(data["variants"]) != 2000:
+                problems.append("incomplete")
+        except (json.JSONDecodeError, KeyError) as exc:
+            problems.append(type(exc).__name__)
+    return problems
+
+
 def test_results_json_is_never_half_written(tmp_path: Path) -> None:
+    """A writer killed mid-write leaves the previous complete file (write to a temporary file,
+    fsync, rename); the same kill of a writer that dumps straight into the file does leave broken files, so the
+    kill does land mid-write."""
+    assert _kill_writers(tmp_path, "atomic", 4) == []
+    assert _kill_writers(tmp_path, "naive", 4), "the kills never caught the naive writer mid-write"
     result = run(tiny_recipe(tmp_path, steps=[{"name": "int8", "pass": "quantize.dynamic"}]))
     assert not list(result.run_dir.glob(".*.tmp"))
     json.loads((result.run_dir / "results.json").read_text())

@@ -92,7 +92,21 @@ def cpu_info() -> dict[str, Any]:
         "mkldnn": torch.backends.mkldnn.is_available(),
         "mkl": torch.backends.mkl.is_available(),
         "openmp": torch.backends.openmp.is_available(),
+        "memory_total_mb": _meminfo("MemTotal"),
+        "memory_available_mb": _meminfo("MemAvailable"),
     }
+
+
+def _meminfo(field: str) -> float | None:
+    """A /proc/meminfo figure in MiB (None where there is no /proc)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
 
 
 def onnxruntime_info() -> dict[str, Any]:
@@ -125,14 +139,23 @@ def detect_environment() -> Environment:
     )
 
 
+def cuda_count() -> int:
+    """How many CUDA devices this process can use (0 without a driver or a CUDA build)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
 def resolve_device(requested: str) -> DeviceChoice:
     """Map one recipe device to a torch device string, or say why it is unavailable."""
     if requested == "cpu":
         return DeviceChoice(requested, "cpu")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = cuda_count()
     if requested == "auto":
         if count:
-            return DeviceChoice(requested, "cuda:0", f"auto: CUDA found ({torch.cuda.get_device_name(0)})")
+            return DeviceChoice(requested, "cuda:0", f"auto: CUDA found ({cuda_name(0)})")
         return DeviceChoice(requested, "cpu", "auto: no CUDA device, using the CPU")
     index = int(requested.split(":")[1]) if ":" in requested else 0
     if count == 0:
@@ -142,22 +165,36 @@ def resolve_device(requested: str) -> DeviceChoice:
     return DeviceChoice(requested, f"cuda:{index}")
 
 
+def _expand(requested: str) -> list[DeviceChoice]:
+    """``auto`` in a device list is the CPU plus the first CUDA GPU when there is one: int8
+    variants (CPU kernels only) are then still measured, and the GPU is measured beside them."""
+    if requested != "auto":
+        return [resolve_device(requested)]
+    if cuda_count():
+        name = cuda_name(0)
+        return [
+            DeviceChoice("auto", "cpu", f"auto: the CPU, and CUDA found ({name})"),
+            DeviceChoice("auto", "cuda:0", f"auto: CUDA found ({name})"),
+        ]
+    return [DeviceChoice("auto", "cpu", "auto: no CUDA device, using the CPU")]
+
+
 def training_device(devices: list[str]) -> str:
     """Where to train or fine-tune: the first CUDA device of the run, else the CPU."""
     return next((d for d in devices if d.startswith("cuda")), "cpu")
 
 
 def resolve_devices(requested: list[str]) -> list[DeviceChoice]:
-    """Resolve the recipe's devices, without duplicates.
+    """Resolve the recipe's devices, without duplicates; ``auto`` is the CPU plus the first
+    CUDA GPU when present (a single ``auto`` passed to :func:`resolve_device` is one device).
 
     A single unavailable device, or a list where none is available, is an error before any work;
     in a list with at least one available device the unavailable ones are reported, not measured.
     """
     choices: list[DeviceChoice] = []
     seen: set[str] = set()
-    for item in requested:
-        choice = resolve_device(item)
-        key = choice.device or f"unavailable:{item}"
+    for choice in (c for item in requested for c in _expand(item)):
+        key = choice.device or f"unavailable:{choice.requested}"
         if key not in seen:
             seen.add(key)
             choices.append(choice)

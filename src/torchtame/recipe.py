@@ -107,6 +107,11 @@ class EvaluateConfig(Strict):
     )
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     macs: bool = True
+    memory: bool = Field(
+        True,
+        description="Peak inference memory per device and batch (CPU: a fresh child process per reading).",
+    )
+    memory_repeats: int = Field(3, ge=1, le=20, description="CPU memory: median of this many readings.")
     health: HealthConfig = Field(default_factory=HealthConfig)
     output: str | int | None = Field(
         None,
@@ -163,6 +168,9 @@ class Constraints(Strict):
     )
     max_latency_ms: float | None = Field(None, gt=0, description="p50 at `device` and `batch_size`.")
     max_size_mb: float | None = Field(None, gt=0, description="Artefact size in MiB.")
+    max_memory_mb: float | None = Field(
+        None, gt=0, description="Peak inference memory in MiB at `device` and `batch_size`."
+    )
     device: str | None = Field(None, description="Device of the latency constraint (default: the first).")
     batch_size: int | None = Field(
         None, ge=1, description="Batch of the latency constraint (default: first)."
@@ -175,7 +183,9 @@ class Constraints(Strict):
 
     @property
     def empty(self) -> bool:
-        return not self.fidelity and self.max_latency_ms is None and self.max_size_mb is None
+        return not self.fidelity and all(
+            v is None for v in (self.max_latency_ms, self.max_size_mb, self.max_memory_mb)
+        )
 
 
 class SearchConfig(Strict):
@@ -281,7 +291,7 @@ class Recipe(Strict):
         if self.strategy == "search" and self.constraints.empty:
             raise ValueError(
                 "constraints: `strategy: search` needs at least one of max_accuracy_drop, min_cosine, "
-                "min_agreement, max_latency_ms, max_size_mb"
+                "min_agreement, max_latency_ms, max_size_mb, max_memory_mb"
             )
         c = self.constraints
         if c.batch_size is not None and c.batch_size not in self.evaluate.latency.batch_sizes:

@@ -25,6 +25,7 @@ FLAG = {
     "larger_than_parent": "larger",
     "float_islands": "islands",
     "fixed_axes": "fixed axes",
+    "exceeds_device_memory": "memory",
 }
 
 
@@ -260,6 +261,26 @@ def check_outputs(entry: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def check_memory(entry: dict[str, Any], capacity: dict[str, float] | None) -> list[dict[str, Any]]:
+    """A variant that needs more memory than its device has (CUDA total, CPU available)."""
+    over = []
+    for m in entry.get("latency") or []:
+        need, device = m.get("peak_memory_mb"), m["device"]
+        have = (capacity or {}).get("cuda" if device.startswith("cuda") else "cpu")
+        if need is not None and have and need > have:
+            over.append(f"{need:.0f} MiB at {device} b{m['batch_size']} (the device has {have:.0f} MiB)")
+    if not over:
+        return []
+    return [
+        finding(
+            "exceeds_device_memory",
+            "error",
+            "needs more memory than the device has: " + "; ".join(over),
+            "use a smaller batch size, an int8 or pruned variant, or a device with more memory",
+        )
+    ]
+
+
 def check_export(entry: dict[str, Any]) -> list[dict[str, Any]]:
     fixed = (entry.get("info") or {}).get("fixed_axes")
     if not fixed:
@@ -279,8 +300,10 @@ def check(
     parent: dict[str, Any] | None,
     task: str = "classification",
     thresholds: Thresholds | None = None,
+    capacity: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every finding about one measured variant (``parent``: the entry it was built from)."""
+    """Every finding about one measured variant (``parent``: the entry it was built from;
+    ``capacity``: MiB of memory per device kind, ``cpu`` and ``cuda``)."""
     t = thresholds or Thresholds()
     out: list[dict[str, Any]] = []
     if entry.get("status") != "ok":
@@ -292,6 +315,7 @@ def check(
     out += check_fidelity(entry, parent, task, t)
     out += check_graph(entry)
     out += check_export(entry)
+    out += check_memory(entry, capacity)
     return sorted(out, key=lambda f: LEVELS.index(f["level"]))
 
 

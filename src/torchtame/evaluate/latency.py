@@ -1,7 +1,8 @@
 """The latency harness: warm-up, then timed runs until a minimum count and time are both reached.
 
-CPU timing uses ``time.perf_counter``; CUDA timing uses CUDA events after a synchronize, so the
-figures are GPU time per call, not launch time.
+CPU timing uses ``time.perf_counter``; CUDA timing uses CUDA events on the device's stream after a
+synchronize (GPU time per call, not launch time), or the host clock up to a device synchronize for
+runtimes with streams of their own (onnxruntime). Each figure records which (``timer``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ class LatencyStats:
     min_ms: float
     stdev_ms: float
     throughput: float
+    timer: str = "wall-clock"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,26 +83,66 @@ def measure_latency(
     max_runs: int = 100_000,
     threads: int | None = None,
     dtype: str = "float32",
+    timer: str = "auto",
+    batch: int | None = None,
 ) -> LatencyStats:
-    """Time ``fn(x)``: ``warmup`` untimed calls, then until ``min_runs`` and ``min_time_s``."""
+    """Time ``fn(x)``: ``warmup`` untimed calls, then until ``min_runs`` and ``min_time_s``.
+
+    On CUDA, ``timer="auto"`` uses CUDA events recorded on ``device``'s current stream (inside
+    that device's context, so ``cuda:1`` times its own kernels, not launches); ``timer="wall"``
+    times each call on the host clock up to a synchronize of the device (for runtimes with their
+    own streams, such as onnxruntime). On the CPU both are the host clock. ``threads`` is a
+    runtime's own thread count (onnxruntime's intra-op pool); without it the figure records
+    ``torch.get_num_threads()`` as the timed calls saw it. ``batch``: the batch size, where
+    ``x`` is not an input structure (a bound onnxruntime session's binding).
+    """
     on_cuda = device.startswith("cuda")
-    for _ in range(warmup):
-        fn(x)
     if on_cuda:
-        torch.cuda.synchronize(device)
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < min_time_s):
-        if on_cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
+        with torch.cuda.device(torch.device(device)):
+            times = _cuda_times(fn, x, torch.device(device), warmup, min_runs, min_time_s, max_runs, timer)
+    else:
+        for _ in range(warmup):
             fn(x)
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end))
-        else:
+        times = []
+        start = time.perf_counter()
+        while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < min_time_s):
             t0 = time.perf_counter()
             fn(x)
             times.append((time.perf_counter() - t0) * 1000.0)
     used_threads = threads if threads is not None else torch.get_num_threads()
-    return summarize(times, device=device, batch_size=batch_size(x), threads=used_threads, dtype=dtype)
+    stats = summarize(
+        times, device=device, batch_size=batch or batch_size(x), threads=used_threads, dtype=dtype
+    )
+    return replace(stats, timer="cuda-events" if on_cuda and timer == "auto" else "wall-clock")
+
+
+def _cuda_times(
+    fn: Callable[[Any], Any],
+    x: Any,
+    dev: torch.device,
+    warmup: int,
+    min_runs: int,
+    min_time_s: float,
+    max_runs: int,
+    timer: str,
+) -> list[float]:
+    for _ in range(warmup):
+        fn(x)
+    torch.cuda.synchronize(dev)
+    stream = torch.cuda.current_stream(dev)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < min_time_s):
+        if timer == "wall":
+            t0 = time.perf_counter()
+            fn(x)
+            torch.cuda.synchronize(dev)
+            times.append((time.perf_counter() - t0) * 1000.0)
+            continue
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
+        fn(x)
+        end.record(stream)
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return times

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -164,7 +165,9 @@ def measure_task(
     torch.set_num_threads(context["threads"])
     t0 = time.perf_counter()
     recipe, data = _context(recipe_json, tuple(context.get("modules", ())))
-    v = unpack(package)
+    directory = Path(tempfile.mkdtemp(prefix="torchtame-measure-"))
+    v = unpack(package, directory)
+    files = [directory / name for name in package.files]
     m = Measurer(
         recipe.evaluate,
         data,
@@ -175,7 +178,11 @@ def measure_task(
         output=context["output"],
         task=context["task"],
     )
-    out = m.run(v, node=_node(), accuracy=accuracy)
+    try:
+        out = m.run(v, node=_node(), accuracy=accuracy, files=files)
+    finally:
+        m.close()
+        shutil.rmtree(directory, ignore_errors=True)
     if v.name == "baseline" and accuracy:
         out["_baseline_outputs"] = m.baseline_outputs
     out["measure_s"] = round(time.perf_counter() - t0, 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,12 +86,20 @@ def preprocess(source: Path, out: Path) -> Path:
     follow dynamic axes (sequence dims of Transformers), so it is retried without it."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    scratch = out.parent / "shape-inference"
+    scratch.mkdir(parents=True, exist_ok=True)
     with caught("quant_pre_process"), quiet_root_logger():
         try:
-            quant_pre_process(str(source), str(out), skip_symbolic_shape=False)
+            # onnxruntime's symbolic shape inference dumps `sym_shape_infer_temp.onnx` and a
+            # uuid-named `.data` file into the working directory when it gives up: keep them in
+            # the variant's work directory instead of the user's.
+            with contextlib.chdir(scratch):
+                quant_pre_process(str(source.resolve()), str(out.resolve()), skip_symbolic_shape=False)
         except Exception as exc:
             log.info("symbolic shape inference failed (%s); preprocessing without it", first_line(exc, 120))
             quant_pre_process(str(source), str(out), skip_symbolic_shape=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     return out
 
 

@@ -271,6 +271,8 @@ class Pipeline:
         assert self.store is not None
         if self.recorder is not None:
             self.recorder.close()
+        if hasattr(self, "measurer"):
+            self.measurer.close()
         self.store.finish(status, error)
         if self.engine is not None:
             self.engine.close()

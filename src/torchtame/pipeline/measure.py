@@ -17,7 +17,10 @@ from ..data import DataBundle
 from ..devices import DeviceChoice
 from ..evaluate import evaluate_accuracy, make_runner, measure_latency, predict
 from ..evaluate.macs import count_macs_params
+from ..evaluate.memory import CpuMemoryProbe, cuda_peak
+from ..evaluate.runner import Run
 from ..evaluate.size import module_params, onnx_params, size_report
+from ..inputs import batch_size
 from ..progress import NullProgress, Progress
 from ..recipe import EvaluateConfig
 from ..variant import Variant
@@ -52,6 +55,7 @@ class Measurer:
     output: str | int | None = None
     task: str = "classification"
     node: str = field(default_factory=platform.node)
+    probe: CpuMemoryProbe | None = None
 
     @property
     def devices(self) -> list[str]:
@@ -59,9 +63,11 @@ class Measurer:
 
     def measure(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
         """Size, accuracy on the first device it runs on, latency on every device and batch."""
-        return {"size": self.size(v, files, parent_entry), **self.run(v)}
+        return {"size": self.size(v, files, parent_entry), **self.run(v, files=files)}
 
-    def run(self, v: Variant, node: str | None = None, accuracy: bool = True) -> dict[str, Any]:
+    def run(
+        self, v: Variant, node: str | None = None, accuracy: bool = True, files: list[Path] | None = None
+    ) -> dict[str, Any]:
         """Accuracy (on the first device the variant runs on) and latency on every device and
         batch size; every latency records the ``node`` it was measured on."""
         out: dict[str, Any] = {}
@@ -96,15 +102,39 @@ class Measurer:
                 for bs in lat.batch_sizes:
                     self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
                     if fresh:
-                        with make_runner(_copy(v), device, *opts) as (run_bs, prepare_bs):
-                            out["latency"].append(
-                                self._latency(v, run_bs, prepare_bs(self.data.example_input(bs)), device)
-                            )
+                        with make_runner(_copy(v), device, *opts) as (run_bs, _):
+                            entry = self._latency(v, run_bs, self.data.example_input(bs), device)
                     else:
-                        out["latency"].append(
-                            self._latency(v, run, prepare(self.data.example_input(bs)), device)
-                        )
+                        entry = self._latency(v, run, self.data.example_input(bs), device)
+                    if self.config.memory:
+                        self.progress.status(f"{v.name}: memory on {device}, batch {bs}")
+                        entry.update(self._memory(v, files, run, prepare, device, bs))
+                    out["latency"].append(entry)
         return out
+
+    def _memory(
+        self, v: Variant, files: list[Path] | None, run: Any, prepare: Any, device: str, bs: int
+    ) -> dict[str, Any]:
+        """Peak memory of one batch: the CUDA allocator's peak, or a fresh CPU process's."""
+        x = self.data.example_input(bs)
+        try:
+            if device.startswith("cuda"):
+                if v.kind == "onnx":  # its CUDA allocator is not torch's: no honest reading here
+                    return {"peak_memory_mb": None, "memory_error": "onnxruntime on CUDA: not measured"}
+                return cuda_peak(run, prepare(x), device)
+            if not files:
+                return {"peak_memory_mb": None, "memory_error": "no saved artefact to load"}
+            if self.probe is None:
+                self.probe = CpuMemoryProbe(self.config.memory_repeats)
+            threads = self.config.latency.threads or torch.get_num_threads()
+            return self.probe.measure(v, files, x, threads)
+        except Exception as exc:  # a reading that failed is reported, the variant is not lost
+            log.debug("memory of %s on %s, batch %d: %s", v.name, device, bs, exc)
+            return {"peak_memory_mb": None, "memory_error": str(exc)[:200]}
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
 
     def size(self, v: Variant, files: list[Path], parent_entry: dict[str, Any] | None) -> dict[str, Any]:
         if v.kind == "onnx":
@@ -127,20 +157,28 @@ class Measurer:
         report["macs_source"] = source
         return report
 
-    def _latency(self, v: Variant, run: Any, x: Any, device: str) -> dict[str, Any]:
+    def _latency(self, v: Variant, run: Run, x: Any, device: str) -> dict[str, Any]:
+        """One latency figure, timed the way ``run.timing`` says (recorded with the figure)."""
         lat = self.config.latency
+        timing = run.timing
+        assert timing is not None
         stats = measure_latency(
-            run,
-            x,
+            timing.fn,
+            timing.prepare(x),
             device=device,
             warmup=lat.warmup,
             min_runs=lat.min_runs,
             min_time_s=lat.min_time_s,
             max_runs=lat.max_runs,
-            threads=lat.threads,
+            threads=timing.threads,
             dtype=v.dtype,
+            timer=timing.timer,
+            batch=batch_size(x),
         )
         d = stats.to_dict()
+        d["io"] = timing.io
+        if timing.mha_fastpath is not None:
+            d["mha_fastpath"] = timing.mha_fastpath
         d["node"] = self.node
         d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
         if v.kind == "onnx":

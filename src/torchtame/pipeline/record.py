@@ -84,6 +84,7 @@ class Recorder:
         entry.update({k: made.pop(k) for k in ("pass", "from", "lineage", "options")})
         made.pop("name")
         entry.update({**made, "artifact": self.store.relative(files), **figures})
+        self._memory_ratios(entry)
         entry.setdefault("build_s", round(started - t0, 3))
         entry.setdefault("measure_s", round(time.perf_counter() - started, 3))
         self.check(entry)
@@ -98,12 +99,35 @@ class Recorder:
         self.store.add(entry)
         return entry
 
+    def _memory_ratios(self, entry: dict[str, Any]) -> None:
+        """Each reading's ratio to the baseline's (same node, device, batch)."""
+        base = self.store.entry("baseline") if entry["name"] != "baseline" else entry
+        ref = {
+            (m["device"], m["batch_size"], m.get("node")): m.get("peak_memory_mb")
+            for m in (base or {}).get("latency") or []
+        }
+        for m in entry.get("latency") or []:
+            mine, theirs = m.get("peak_memory_mb"), ref.get((m["device"], m["batch_size"], m.get("node")))
+            if mine is not None and theirs:
+                m["memory_ratio"] = round(mine / theirs, 4)
+
+    def capacity(self) -> dict[str, float]:
+        """MiB of memory per device kind, from the environment the run recorded."""
+        env = self.store.results.get("environment") or {}
+        out = {}
+        if (env.get("cpu") or {}).get("memory_available_mb"):
+            out["cpu"] = env["cpu"]["memory_available_mb"]
+        gpus = (env.get("cuda") or {}).get("devices") or []
+        if gpus:
+            out["cuda"] = min(d["memory_gib"] for d in gpus) * 1024
+        return out
+
     def check(self, entry: dict[str, Any]) -> None:
         """The health findings of one measured entry, against its parent's entry."""
         if not self.recipe.evaluate.health.enabled or entry.get("status") != "ok":
             return
         parent = self.store.entry(entry["from"]) if entry.get("from") else None
-        entry["health"] = check_health(entry, parent, self.task, self.thresholds)
+        entry["health"] = check_health(entry, parent, self.task, self.thresholds, self.capacity())
         for f in entry["health"]:
             if f["level"] != "info":
                 log.debug("%s: %s. Next: %s", entry["name"], f["message"], f["suggestion"])

@@ -69,6 +69,7 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
                             "p50_ms": m["p50_ms"],
                             "p90_ms": m["p90_ms"],
                             "speedup": row.speedup.get(k),
+                            "peak_memory_mb": m.get("peak_memory_mb"),
                         }
                         for k, m in row.latency.items()
                     ],
@@ -78,8 +79,10 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
         }
         return json.dumps(data, indent=2)
     head = ["run", "variant", "status", *Row.SUMMARY_HEAD]
-    for d, b in keys:
-        head += [f"{d} b{b} p50 ms", "speed-up"]
+    # a memory column only where some run measured memory at that setting
+    with_memory = {k for k in keys if any(row.memory(k) is not None for _, row in all_rows)}
+    for k in keys:
+        head += [f"{k[0]} b{k[1]} p50 ms", "speed-up", *(["peak MiB"] if k in with_memory else [])]
     head.append("flags")
     body = []
     for label, row in all_rows:
@@ -88,11 +91,14 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
             m = row.latency.get(k)
             s = row.speedup.get(k)
             cells += [fmt_num(m["p50_ms"], 3) if m else "-", f"{s:.2f}x" if s else "-"]
+            if k in with_memory:
+                cells.append(fmt_num(row.memory(k), 1))
         body.append([*cells, row.flags or "-"])
     if fmt == "table":
         table = Table(title=f"torchtame compare: {len(runs)} runs")
         for h in head:
-            table.add_column(h, justify="left" if h in ("run", "variant", "status") else "right")
+            left = h in ("run", "variant", "status")
+            table.add_column(h, justify="left" if left else "right", no_wrap=left, min_width=6 if left else None)
         for cells in body:
             table.add_row(*cells)
         if notes:

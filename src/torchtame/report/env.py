@@ -26,6 +26,11 @@ def env_table(info: dict[str, Any]) -> Table:
     cpu = info["cpu"]
     t.add_row("CPU", f"{cpu['processor']} ({cpu['machine']})")
     t.add_row("cores (logical / usable)", f"{cpu['logical_cores']} / {cpu['affinity_cores']}")
+    if cpu.get("memory_total_mb"):
+        t.add_row(
+            "memory (total / available)",
+            f"{cpu['memory_total_mb']:.0f} / {cpu['memory_available_mb']:.0f} MiB",
+        )
     t.add_row("torch threads (intra / inter)", f"{cpu['torch_threads']} / {cpu['torch_interop_threads']}")
     t.add_row(
         "quantized engines", ", ".join(cpu["quantized_engines"]) + f" (current: {cpu['quantized_engine']})"

@@ -78,6 +78,15 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
         ax.set_xlabel("size on disk (MB)")
         ax.grid(axis="x", alpha=0.3)
         out["Size per variant"] = _png(fig)
+    mem = [(r.name, r.memory(keys[-1])) for r in rows] if keys else []
+    mem = [(n, v) for n, v in mem if v is not None]
+    if mem:
+        fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(mem) + 1.2))
+        ax.barh([n for n, _ in mem], [v for _, v in mem], color="tab:purple")
+        ax.invert_yaxis()
+        ax.set_xlabel(f"peak inference memory (MiB), {keys[-1][0]}, batch {keys[-1][1]}")
+        ax.grid(axis="x", alpha=0.3)
+        out["Peak memory per variant"] = _png(fig)
     if keys:
         fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(rows) + 1.4))
         width = 0.8 / len(keys)

@@ -18,14 +18,14 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
     keys = latency_keys(rows)
     head = ["variant", "from", "pass", "dtype", *Row.SUMMARY_HEAD]
     for device, bs in keys:
-        head += [f"{device} b{bs} p50 ms", "p90 ms", "speed-up"]
+        head += [f"{device} b{bs} p50 ms", "p90 ms", "speed-up", "peak MiB"]
     head += ["flags", "status"]
     body = []
     for r in rows:
         cells = [r.name, r.parent or "", r.pass_name, r.dtype]
         if r.status != "ok":
             error = first_line(r.error, 160)
-            body.append([*cells, *["-"] * (len(Row.SUMMARY_HEAD) + 3 * len(keys) + 1), f"failed: {error}"])
+            body.append([*cells, *["-"] * (len(Row.SUMMARY_HEAD) + 4 * len(keys) + 1), f"failed: {error}"])
             continue
         cells += r.summary_cells()
         for k in keys:
@@ -36,6 +36,7 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
                 fmt_num(m["p50_ms"], 3) if m else (skipped.split(" (")[0] if skipped else "-"),
                 fmt_num(m["p90_ms"], 3) if m else "-",
                 f"{s:.2f}x" if s else "-",
+                fmt_num(r.memory(k), 1),
             ]
         chosen = (results.get("selection") or {}).get("chosen") == r.name
         body.append([*cells, r.flags or "-", "ok, chosen" if chosen else "ok"])
@@ -49,7 +50,9 @@ def latency_note(results: dict[str, Any]) -> str:
         f"Latency: median (p50) and p90 of at least {lat.get('min_runs')} timed calls and "
         f"{lat.get('min_time_s')} s after {lat.get('warmup')} warm-up calls, "
         f"{settings.get('threads')} threads; speed-up is baseline p50 / variant p50 on the same "
-        "device, batch size and thread count. Size is the saved artefact's bytes. MACs are counted "
+        "device, batch size and thread count. Peak MiB is the memory one batch needs (CUDA: the "
+        "allocator's peak; CPU: peak resident memory of a fresh process that loads the artefact and "
+        "runs the batch, median of several). Size is the saved artefact's bytes. MACs are counted "
         "at the aten level on float models; * marks MACs inherited from the float parent (int8 and ONNX "
         "graphs do the same arithmetic)."
     )
@@ -97,7 +100,33 @@ def sections(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
             "listed in results.json)"
         )
     out.append(("Environment", items))
+    timing = timing_lines(results)
+    if timing:
+        out.append(("How it was measured", timing))
     return out
+
+
+def timing_lines(results: dict[str, Any]) -> list[str]:
+    """How each device/runtime pair was timed and where its memory figure comes from."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for v in results["variants"]:
+        for m in v.get("latency") or []:
+            seen.setdefault((m["device"], m.get("runtime", "pytorch")), m)
+    lines = []
+    for (device, runtime), m in sorted(seen.items()):
+        io = {"device": "inputs and outputs on the device", "host": "host memory"}.get(m.get("io"), "")
+        timer = {"cuda-events": "CUDA events on the device's stream", "wall-clock": "host clock"}.get(
+            m.get("timer"), m.get("timer") or "host clock"
+        )
+        memory = (
+            "peak memory: not measured"
+            if "peak_memory_mb" not in m
+            else "peak memory: CUDA allocator peak"
+            if device.startswith("cuda")
+            else "peak memory: a fresh process's peak resident memory (median of readings)"
+        )
+        lines.append(f"{device}, {runtime}: {timer}{', ' + io if io else ''}; {memory}")
+    return lines
 
 
 def selection_lines(results: dict[str, Any]) -> list[str]:

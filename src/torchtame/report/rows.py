@@ -58,6 +58,10 @@ class Row:
     task: str = "classification"
     health: list[dict[str, Any]] = field(default_factory=list)
 
+    def memory(self, key: tuple[str, int]) -> float | None:
+        """Peak inference memory (MiB) at one (device, batch size), where it was measured."""
+        return (self.latency.get(key) or {}).get("peak_memory_mb")
+
     @property
     def flags(self) -> str:
         """Errors and warnings of the health checks, e.g. ``✖ fidelity ⚠ slower``."""

@@ -23,6 +23,9 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
         table.add_column(col, justify="left" if col in ("variant", "dtype") else "right")
     for device, bs in keys:
         table.add_column(f"{device} b{bs}\np50 ms (x)", justify="right")
+    mem_key = keys[-1] if keys and any(r.memory(keys[-1]) is not None for r in rows) else None
+    if mem_key is not None:
+        table.add_column(f"peak MiB\n{mem_key[0]} b{mem_key[1]}", justify="right")
     table.add_column("flags", justify="left")
     for r in rows:
         if r.status != "ok":
@@ -30,7 +33,7 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
                 f"[red]{r.name}[/red]",
                 "failed",
                 escape(first_line(r.error, 70)),
-                *[""] * (5 + len(keys)),
+                *[""] * (5 + len(keys) + (mem_key is not None)),
             )
             continue
         cells = [
@@ -50,6 +53,8 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
                 continue
             s = r.speedup.get(k)
             cells.append(f"{m['p50_ms']:.3f} ({s:.2f}x)" if s else f"{m['p50_ms']:.3f}")
+        if mem_key is not None:
+            cells.append(fmt_num(r.memory(mem_key), 1))
         flags = r.flags
         cells.append(
             f"[red]{flags}[/red]" if "✖" in flags else (f"[yellow]{flags}[/yellow]" if flags else "")

@@ -23,10 +23,10 @@ def accuracy_drop(entry: dict[str, Any], use_labels: bool = True) -> tuple[float
     return None, "not measured"
 
 
-def latency_of(entry: dict[str, Any], device: str, batch: int) -> float | None:
+def latency_of(entry: dict[str, Any], device: str, batch: int, key: str = "p50_ms") -> float | None:
     for m in entry.get("latency", []):
         if m["device"] == device and m["batch_size"] == batch:
-            return m["p50_ms"]
+            return m.get(key)
     return None
 
 
@@ -81,6 +81,14 @@ def verdict(
             reasons.append(f"p50 {lat:.3f} ms > {c.max_latency_ms:g} ms ({device}, batch {batch})")
         if c.max_size_mb is not None and size is not None and size / MIB > c.max_size_mb:
             reasons.append(f"size {size / MIB:.3f} MiB > {c.max_size_mb:g} MiB")
+        memory = latency_of(entry, device, batch, "peak_memory_mb")
+        if c.max_memory_mb is not None:
+            if memory is None:
+                reasons.append(f"no memory reading on {device} at batch {batch} (evaluate.memory)")
+            elif memory > c.max_memory_mb:
+                reasons.append(
+                    f"peak memory {memory:.1f} MiB > {c.max_memory_mb:g} MiB ({device}, batch {batch})"
+                )
     return {
         "name": entry["name"],
         "meets": not reasons,
@@ -90,6 +98,7 @@ def verdict(
         "agreement": fidelity(entry, "agreement"),
         "p50_ms": lat,
         "size_mib": None if size is None else round(size / MIB, 4),
+        "peak_memory_mb": latency_of(entry, device, batch, "peak_memory_mb"),
     }
 
 
