@@ -30,8 +30,8 @@ def main() -> None:
     base = {m["device"]: m for m in by["baseline"]["latency"]}
     check({"cpu", "cuda:0"} <= set(base), "baseline timed on both devices")
     cuda = [m for m in by["baseline"]["latency"] if m["device"] == "cuda:0"]
-    check(all(m.get("timer") == "cuda-events" for m in cuda), "CUDA timings use CUDA events")
-    check(all((m.get("peak_memory_mb") or 0) > 0 for m in cuda), "CUDA peak memory recorded")
+    check(bool(cuda) and all(m.get("timer") == "cuda-events" for m in cuda), "CUDA timings use CUDA events")
+    check(bool(cuda) and all((m.get("peak_memory_mb") or 0) > 0 for m in cuda), "CUDA peak memory recorded")
     for name in ("int8-dynamic", "int8-static", "pruned-ft-int8"):
         v = by.get(name, {})
         devs = {m["device"] for m in v.get("latency", [])}

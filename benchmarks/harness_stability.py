@@ -38,7 +38,7 @@ def main() -> None:
     print(f"{'variant':<8} {'batch':>5} {'p50 per repeat (ms)':<48} {'spread':>7}")
     spreads = []
     rows = ["| variant | batch | p50 per repeat (ms) | spread |", "|---|---|---|---|"]
-    data = []
+    records = []
     for name, module, backend in (("fp32", fp32, None), ("int8", int8.module, int8.backend)):
         for bs in args.batch:
             x = data.example_input(bs)
@@ -51,7 +51,7 @@ def main() -> None:
             spreads.append(spread)
             print(f"{name:<8} {bs:>5} {' '.join(f'{p:7.3f}' for p in p50s):<48} {spread:7.1%}")
             rows.append(f"| {name} | {bs} | {' '.join(f'{p:.3f}' for p in p50s)} | {spread:.1%} |")
-            data.append({"variant": name, "batch": bs, "p50_ms": p50s, "spread": spread})
+            records.append({"variant": name, "batch": bs, "p50_ms": p50s, "spread": spread})
     median = statistics.median(spreads)
     print(f"median spread: {median:.1%} (target < 5%)")
     body = [
@@ -68,7 +68,7 @@ def main() -> None:
         f" --repeats {args.repeats}" if args.repeats != 5 else ""
     )
     write_section(
-        "harness", "Latency harness repeatability", command, time.perf_counter() - t0, body, {"rows": data}
+        "harness", "Latency harness repeatability", command, time.perf_counter() - t0, body, {"rows": records}
     )
 
 

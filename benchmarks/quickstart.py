@@ -73,14 +73,14 @@ def main() -> None:
         f"in one process; run times {', '.join(f'{s:.0f} s' for _, s in runs)} (the first trains the "
         "model, the others reuse it from the cache)",
         "- the table is run 1's, as `optimize` prints it; its results.json is "
-        "`benchmarks/results/quickstart.json`",
+        "`benchmarks/results/quickstart-results.json`",
         "",
         "```",
         table_text(first),
         "```",
         "",
-        "Speed-up over the baseline in each run (same device, batch and thread count), and the "
-        "spread (max - min) / median across runs:",
+        "Speed-up over the baseline in each run (same device, batch and thread count), and ± half "
+        "the spread (max - min) / median across runs:",
         "",
         "| variant | " + " | ".join(keys) + " |",
         "|---|" + "---|" * len(keys),

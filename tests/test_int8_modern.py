@@ -130,6 +130,15 @@ def test_pt2e_variant_is_measured_compiled_with_compile_time_recorded(tmp_path: 
     assert v["compiled"] and v["compile_s"]["cpu"] > 0 and v["artifact"][0].endswith("model.pt2")
     assert v["accuracy"]["top1_drop"] <= 2.0
     assert v["info"]["graph"]["int8_layers"] == v["info"]["graph"]["weight_layers"]
+    # the saved program holds int8 weights only (convert_pt2e leaves the float ones registered)
+    assert v["info"]["normalised"]["unused_float_bytes_dropped"] > 0
+    assert v["size"]["bytes"] < result.variant("baseline")["size"]["bytes"], v["size"]
+    program = torch.export.load(str(result.run_dir / v["artifact"][0]))
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    by_dtype = {str(t.dtype): 0 for t in tensors}
+    for t in tensors:
+        by_dtype[str(t.dtype)] += t.numel() * t.element_size()
+    assert by_dtype.get("torch.float32", 0) < by_dtype["torch.int8"], by_dtype  # biases and scales only
 
 
 def test_torchao_int8_dynamic_and_refusals(trained_mlp, digits, tmp_path: Path) -> None:

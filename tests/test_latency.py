@@ -145,3 +145,26 @@ def test_cuda_events_time_gpu_work() -> None:
     x = torch.randn(2048, 2048, device="cuda")
     s = measure_latency(lambda t: t @ t, x, device="cuda", min_runs=10, min_time_s=0)
     assert s.device == "cuda" and s.p50_ms > 0
+
+
+def test_rounds_time_every_variant_side_by_side(tmp_path) -> None:
+    """With `rounds: 3` every variant (the baseline too) is timed again in three shuffled rounds
+    per device and batch; each figure is its median round and keeps every round's p50."""
+    from torchtame import run
+
+    from .conftest import tiny_recipe
+
+    lat = {"batch_sizes": [1, 8], "warmup": 1, "min_runs": 3, "min_time_s": 0, "rounds": 3}
+    steps = [{"name": "int8", "pass": "quantize.static"}, {"name": "pruned", "pass": "prune.structured"}]
+    recipe = tiny_recipe(tmp_path, steps=steps, evaluate={"latency": lat, "memory": False})
+    recipe["export"] = {"onnx": True, "variants": ["baseline"]}
+    result = run(recipe)
+    assert result.results["settings"]["latency_rounds"] == 3
+    names = set()
+    for v in result.results["variants"]:
+        for m in v["latency"]:
+            names.add(v["name"])
+            assert m["rounds"] == 3 and len(m["round_p50_ms"]) == 3, (v["name"], m)
+            assert round(m["p50_ms"], 5) in m["round_p50_ms"] and m["first_p50_ms"] > 0
+            assert sorted(m["round_p50_ms"])[1] == round(m["p50_ms"], 5)  # the median round
+    assert names == {"baseline", "int8", "pruned", "baseline-onnx"}

@@ -517,8 +517,8 @@ def _kill_writers(tmp_path: Path, mode: str, kills: int) -> list[str]:
 
 def test_results_json_is_never_half_written(tmp_path: Path) -> None:
     """A writer killed mid-write leaves the previous complete file (write to a temporary file,
-    fsync, rename); the same kill of a writer that dumps straight into the file does leave broken files, so the
-    kill does land mid-write."""
+    fsync, rename); the same kill of a writer that dumps straight into the file does leave
+    broken files, so the kill does land mid-write."""
     assert _kill_writers(tmp_path, "atomic", 4) == []
     assert _kill_writers(tmp_path, "naive", 4), "the kills never caught the naive writer mid-write"
     result = run(tiny_recipe(tmp_path, steps=[{"name": "int8", "pass": "quantize.dynamic"}]))

@@ -75,6 +75,15 @@ class LatencyConfig(Strict):
     )
     inference_mode: bool = True
     onnx_graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    rounds: int = Field(
+        1,
+        ge=1,
+        le=20,
+        description="At the end of the run, time every variant again (the baseline with them) in this "
+        "many rounds per device and batch, in a new random order each round; each figure becomes its "
+        "median round, so machine drift hits all variants alike. 1: each variant is timed once, "
+        "when it is built (local engine; under Ray each variant is timed once on its node).",
+    )
 
     @model_validator(mode="after")
     def _runs(self) -> LatencyConfig:

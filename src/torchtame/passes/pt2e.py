@@ -167,7 +167,27 @@ def quantize_pt2e(
             hint="use `mode: fx`, or `keep_float` the module it names",
         ) from exc
     calibrate(prepared)
-    return convert_pt2e(prepared), changes
+    converted = convert_pt2e(prepared)
+    changes["unused_float_bytes_dropped"] = drop_unused_attributes(converted)
+    return converted, changes
+
+
+def drop_unused_attributes(gm: torch.fx.GraphModule) -> int:
+    """Delete parameters and buffers no node reads: after ``convert_pt2e`` folds each weight's
+    quantize into an int8 constant, the float weights stay registered (and would be saved: a
+    mobilenet_v3_small ``.pt2`` was 1.45x the fp32 file). Returns the bytes dropped."""
+    used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    modules = [str(n.target) for n in gm.graph.nodes if n.op == "call_module"]
+    dropped = 0
+    for name, tensor in [*gm.named_parameters(), *gm.named_buffers()]:
+        if name in used or any(name.startswith(m + ".") for m in modules):
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        dropped += tensor.numel() * tensor.element_size()
+        delattr(owner, attr)
+    gm.delete_all_unused_submodules()
+    return dropped
 
 
 def example_signature(example: Any) -> str:

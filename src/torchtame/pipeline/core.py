@@ -26,6 +26,7 @@ from .executor import Built, Job, StepInputs, build_step, options_json
 from .loading import load_inputs
 from .measure import Measurer
 from .record import Recorder
+from .rounds import retime_run
 from .store import RunStore, check_run_dir
 
 log = logging.getLogger("torchtame")
@@ -287,6 +288,7 @@ class Pipeline:
         try:
             model, _ = self.load()
             self.build_variants(model)
+            retime_run(self)
             self.select()
         except KeyboardInterrupt:
             self.finish("interrupted", "interrupted by the user (Ctrl-C)")

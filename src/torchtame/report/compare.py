@@ -98,7 +98,9 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
         table = Table(title=f"torchtame compare: {len(runs)} runs")
         for h in head:
             left = h in ("run", "variant", "status")
-            table.add_column(h, justify="left" if left else "right", no_wrap=left, min_width=6 if left else None)
+            table.add_column(
+                h, justify="left" if left else "right", no_wrap=left, min_width=6 if left else None
+            )
         for cells in body:
             table.add_row(*cells)
         if notes:

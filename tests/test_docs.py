@@ -1,0 +1,44 @@
+"""Every figure the README shows has a committed source in benchmarks/."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+RESULTS = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+
+
+def _sections() -> dict[str, str]:
+    return dict(re.findall(r"<!-- (\w+):start -->(.*?)<!-- \1:end -->", RESULTS, re.S))
+
+
+def test_every_results_section_says_command_date_machine_and_has_its_figures() -> None:
+    sections = _sections()
+    assert {"peers", "int8_modes", "unlabeled", "ray_cluster", "quickstart", "harness"} <= set(sections)
+    for name, text in sections.items():
+        for field in ("- command: `python benchmarks/", "- date: ", "- machine: "):
+            assert field in text, (name, field)
+        raw = re.search(r"raw figures: `(benchmarks/results/[\w.-]+\.json)`", text)
+        assert raw, name
+        json.loads((ROOT / raw.group(1)).read_text(encoding="utf-8"))
+        script = re.search(r"command: `python (benchmarks/\w+\.py)", text).group(1)
+        assert (ROOT / script).is_file(), script
+
+
+def test_the_readme_quickstart_table_is_the_committed_run() -> None:
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```$", README, re.S | re.M)
+    table = next(b for b in blocks if "variant" in b and "p50 ms" in b)
+    quickstart = _sections()["quickstart"]
+    assert table.strip() in quickstart, "README's quickstart table differs from benchmarks/RESULTS.md"
+
+
+def test_readme_speed_claims_point_to_their_section() -> None:
+    """A paragraph with speed-ups (e.g. "13x", "1.96x") names the RESULTS.md section it comes from."""
+    for paragraph in README.split("\n\n"):
+        if paragraph.startswith("```") or "|" in paragraph:
+            continue
+        if re.search(r"\b\d+(\.\d+)?x (faster|slower)", paragraph):
+            assert "RESULTS.md" in paragraph, paragraph[:200]
