@@ -154,8 +154,8 @@ def test_rounds_time_every_variant_side_by_side(tmp_path) -> None:
 
     from .conftest import tiny_recipe
 
-    lat = {"batch_sizes": [1, 8], "warmup": 1, "min_runs": 3, "min_time_s": 0, "rounds": 3}
-    steps = [{"name": "int8", "pass": "quantize.static"}, {"name": "pruned", "pass": "prune.structured"}]
+    lat = {"batch_sizes": [4], "warmup": 1, "min_runs": 3, "min_time_s": 0, "rounds": 3}
+    steps = [{"name": "int8", "pass": "quantize.static"}]
     recipe = tiny_recipe(tmp_path, steps=steps, evaluate={"latency": lat, "memory": False})
     recipe["export"] = {"onnx": True, "variants": ["baseline"]}
     result = run(recipe)
@@ -167,4 +167,4 @@ def test_rounds_time_every_variant_side_by_side(tmp_path) -> None:
             assert m["rounds"] == 3 and len(m["round_p50_ms"]) == 3, (v["name"], m)
             assert round(m["p50_ms"], 5) in m["round_p50_ms"] and m["first_p50_ms"] > 0
             assert sorted(m["round_p50_ms"])[1] == round(m["p50_ms"], 5)  # the median round
-    assert names == {"baseline", "int8", "pruned", "baseline-onnx"}
+    assert names == {"baseline", "int8", "baseline-onnx"}

@@ -16,9 +16,10 @@ import torch
 from ..data import DataBundle
 from ..devices import DeviceChoice
 from ..evaluate import evaluate_accuracy, make_runner, measure_latency, predict
+from ..evaluate.latency import LatencyStats
 from ..evaluate.macs import count_macs_params
 from ..evaluate.memory import CpuMemoryProbe, cuda_peak
-from ..evaluate.runner import Run
+from ..evaluate.runner import Run, Timing
 from ..evaluate.size import module_params, onnx_params, size_report
 from ..inputs import batch_size
 from ..progress import NullProgress, Progress
@@ -157,32 +158,35 @@ class Measurer:
         report["macs_source"] = source
         return report
 
-    def _latency(self, v: Variant, run: Run, x: Any, device: str) -> dict[str, Any]:
-        """One latency figure, timed the way ``run.timing`` says (recorded with the figure)."""
+    def timed(self, timing: Timing, prepared: Any, device: str, dtype: str, batch: int) -> LatencyStats:
+        """One timing of ``timing.fn(prepared)`` with the recipe's latency settings."""
         lat = self.config.latency
-        timing = run.timing
-        assert timing is not None
-        stats = measure_latency(
+        return measure_latency(
             timing.fn,
-            timing.prepare(x),
+            prepared,
             device=device,
             warmup=lat.warmup,
             min_runs=lat.min_runs,
             min_time_s=lat.min_time_s,
             max_runs=lat.max_runs,
             threads=timing.threads,
-            dtype=v.dtype,
+            dtype=dtype,
             timer=timing.timer,
-            batch=batch_size(x),
+            batch=batch,
         )
-        d = stats.to_dict()
+
+    def _latency(self, v: Variant, run: Run, x: Any, device: str) -> dict[str, Any]:
+        """One latency figure, timed the way ``run.timing`` says (recorded with the figure)."""
+        timing = run.timing
+        assert timing is not None
+        d = self.timed(timing, timing.prepare(x), device, v.dtype, batch_size(x)).to_dict()
         d["io"] = timing.io
         if timing.mha_fastpath is not None:
             d["mha_fastpath"] = timing.mha_fastpath
         d["node"] = self.node
         d["runtime"] = "onnxruntime" if v.kind == "onnx" else "pytorch"
         if v.kind == "onnx":
-            d["graph_optimization"] = lat.onnx_graph_optimization
+            d["graph_optimization"] = self.config.latency.onnx_graph_optimization
         return d
 
     def accuracy(self, name: str, outputs: torch.Tensor, labels: torch.Tensor, device: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import random
 import statistics
 from typing import Any
 
-from ..evaluate import make_runner, measure_latency
+from ..evaluate import make_runner
 from ..inputs import batch_size
 from ..progress import NullProgress, Progress
 from ..variant import Variant
@@ -88,19 +88,7 @@ def retime(
                     progress.status(f"timing round {r + 1}/{rounds} on {device}, batch {bs}")
                     for name in order:
                         timing, prepared = timings[name]
-                        stats = measure_latency(
-                            timing.fn,
-                            prepared,
-                            device=device,
-                            warmup=lat.warmup,
-                            min_runs=lat.min_runs,
-                            min_time_s=lat.min_time_s,
-                            max_runs=lat.max_runs,
-                            threads=timing.threads,
-                            dtype=variants[name].dtype,
-                            timer=timing.timer,
-                            batch=batch_size(x),
-                        )
+                        stats = measurer.timed(timing, prepared, device, variants[name].dtype, batch_size(x))
                         samples[name].append(stats.to_dict())
             for name, m in figures.items():
                 _update(m, samples[name])
