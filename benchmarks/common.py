@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from torchtame.evaluate.latency import measure_latency
 from torchtame.inputs import call
@@ -64,20 +63,6 @@ def interleaved_p50(
                 )
             p50s[name].append(stats.p50_ms)
     return {name: statistics.median(v) for name, v in p50s.items()}
-
-
-def recalibrate_bn(model: nn.Module, batches: list[Any]) -> nn.Module:
-    """BatchNorm statistics from the inputs (random weights otherwise give activations of 1e-9 in
-    deep MobileNets, which no int8 format can represent and no fidelity figure can judge)."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None
-    model.train()
-    with torch.no_grad():
-        for x in batches:
-            call(model, x)
-    return model.eval()
 
 
 def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:

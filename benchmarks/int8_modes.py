@@ -30,12 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.samepad
 
-from common import agreement, cosine, interleaved_p50, recalibrate_bn, write_section
+from common import agreement, cosine, interleaved_p50, write_section
 
 from torchtame import apply_pass, load_data
 from torchtame.data import DigitsData, SyntheticData
 from torchtame.runtime import compiled, quantized_engine
-from torchtame.training import train
+from torchtame.training import recalibrate_batchnorm, train
 
 
 def models(quick: bool) -> list[tuple[str, Any, Any]]:
@@ -69,7 +69,7 @@ def models(quick: bool) -> list[tuple[str, Any, Any]]:
 
 def bench(name: str, model: torch.nn.Module, data: Any, batch: int, min_time: float) -> dict[str, Any]:
     if not data.has_labels:
-        recalibrate_bn(model, [x for x, _ in data.calibration])
+        recalibrate_batchnorm(model, [x for x, _ in data.calibration])
     held_out = torch.cat([x for x, _ in data.evaluation])[:64]
     x = data.example_input(batch)
     row: dict[str, Any] = {"model": name}

@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import RESULTS, interleaved_p50, recalibrate_bn, write_section
+from common import RESULTS, interleaved_p50, write_section
 from torch import nn
 
 from torchtame.data import DataBundle, DigitsData, SyntheticData, load_data
 from torchtame.onnx_runtime import session, session_output
 from torchtame.pipeline import apply_pass
 from torchtame.runtime import compiled, no_mha_fastpath, quantized_engine
-from torchtame.training import train
+from torchtame.training import recalibrate_batchnorm, train
 from torchtame.zoo import digits_cnn
 
 MIB = 1024 * 1024
@@ -455,7 +455,7 @@ def main() -> None:
         for name in ("resnet18", "mobilenet_v3_small"):
             torch.manual_seed(0)
             model = torchvision.models.get_model(name, weights=None).eval()
-            recalibrate_bn(model, [x for x, _ in images.calibration])
+            recalibrate_batchnorm(model, [x for x, _ in images.calibration])
             bench_vision(name, model, images, batches, args.min_time, tmp)
     command = "python benchmarks/peers.py" + (" --quick" if args.quick else "")
     write_results(command, batches, time.perf_counter() - t0)

@@ -15,6 +15,7 @@ from torchtame import PassError, apply_pass, load_data, run
 from torchtame.artifacts import load_module, save_module
 from torchtame.data import DigitsData, SyntheticData
 from torchtame.evaluate.macs import count_macs
+from torchtame.training import recalibrate_batchnorm
 
 from .conftest import tiny_recipe
 from .samepad import Conv2dSame, ported_net
@@ -30,15 +31,7 @@ def images(size: int = 64, n: int = 16, batch: int = 8):
 
 def recalibrate_bn(model: nn.Module, data) -> nn.Module:
     """BatchNorm statistics from the inputs, so that random weights give healthy activations."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None
-    model.train()
-    with torch.no_grad():
-        for x, _ in data.calibration:
-            model(x)
-    return model.eval()
+    return recalibrate_batchnorm(model, (x for x, _ in data.calibration))
 
 
 def _torchvision(name: str) -> nn.Module:

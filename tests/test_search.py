@@ -42,14 +42,14 @@ def planted() -> Planted:
     return Planted()
 
 
+# the planted model, trained briefly: shared with the label-free search tests
+PLANTED = {"source": "python", "target": "tests.test_search:planted", "train": {"epochs": 6, "lr": 0.003}}
+
+
 def _search_recipe(tmp_path: Path, **search) -> dict:
     r = tiny_recipe(
         tmp_path,
-        model={
-            "source": "python",
-            "target": "tests.test_search:planted",
-            "train": {"epochs": 6, "lr": 0.003},
-        },
+        model=PLANTED,
         strategy="search",
         constraints={"max_accuracy_drop": 1.0},
         search={

@@ -12,6 +12,7 @@ from torchtame import DataError, PassError, apply_pass, load_data, run
 from torchtame.data import DigitsData
 
 from .conftest import tiny_recipe
+from .test_search import PLANTED
 
 
 def agreement(a: torch.nn.Module, b: torch.nn.Module, loader) -> float:
@@ -137,11 +138,7 @@ def test_onnx_candidates_exclude_the_sensitive_node(tmp_path: Path) -> None:
     sensitive torch layer meets it."""
     recipe = tiny_recipe(
         tmp_path,
-        model={
-            "source": "python",
-            "target": "tests.test_search:planted",
-            "train": {"epochs": 6, "lr": 0.003},
-        },
+        model=PLANTED,
         strategy="search",
         constraints={"min_agreement": 97},
         search={

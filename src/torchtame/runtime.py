@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,15 @@ def no_mha_fastpath() -> Iterator[None]:
         yield
     finally:
         torch.backends.mha.set_fastpath_enabled(saved)
+
+
+@contextmanager
+def variant_runtime(backend: str | None, quantized: bool) -> Iterator[None]:
+    """What a variant's calls run under: its quantized engine and, for quantized variants, the
+    plain Transformer path (the fused fast path reads Linear weights as tensors and crashes on
+    dynamically quantized ones, whose weight is a method)."""
+    with quantized_engine(backend), no_mha_fastpath() if quantized else nullcontext():
+        yield
 
 
 def compiled(module: torch.nn.Module) -> Callable[..., Any]:

@@ -15,6 +15,22 @@ from .options import TrainOptions
 from .progress import NullProgress, Progress
 
 
+def recalibrate_batchnorm(model: nn.Module, batches: Any) -> nn.Module:
+    """Recompute every BatchNorm's running statistics from ``batches`` (input structures), e.g.
+    for random-weight models, whose stored statistics otherwise shrink activations to ~1e-9 in
+    deep networks (no int8 format can represent them, no fidelity figure can judge them), or
+    after pruning. Returns the model in eval mode."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over all batches
+    model.train()
+    with torch.no_grad():
+        for x in batches:
+            call(model, x)
+    return model.eval()
+
+
 def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "sgd":

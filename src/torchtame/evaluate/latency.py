@@ -7,6 +7,8 @@ runtimes with streams of their own (onnxruntime). Each figure records which (``t
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -97,18 +99,17 @@ def measure_latency(
     ``x`` is not an input structure (a bound onnxruntime session's binding).
     """
     on_cuda = device.startswith("cuda")
-    if on_cuda:
-        with torch.cuda.device(torch.device(device)):
-            times = _cuda_times(fn, x, torch.device(device), warmup, min_runs, min_time_s, max_runs, timer)
-    else:
+    dev = torch.device(device)
+    with torch.cuda.device(dev) if on_cuda else contextlib.nullcontext():
         for _ in range(warmup):
             fn(x)
-        times = []
+        one = _clock(dev, timer) if on_cuda else _host_ms
+        if on_cuda:
+            torch.cuda.synchronize(dev)
+        times: list[float] = []
         start = time.perf_counter()
         while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < min_time_s):
-            t0 = time.perf_counter()
-            fn(x)
-            times.append((time.perf_counter() - t0) * 1000.0)
+            times.append(one(fn, x))
     used_threads = threads if threads is not None else torch.get_num_threads()
     stats = summarize(
         times, device=device, batch_size=batch or batch_size(x), threads=used_threads, dtype=dtype
@@ -116,33 +117,28 @@ def measure_latency(
     return replace(stats, timer="cuda-events" if on_cuda and timer == "auto" else "wall-clock")
 
 
-def _cuda_times(
-    fn: Callable[[Any], Any],
-    x: Any,
-    dev: torch.device,
-    warmup: int,
-    min_runs: int,
-    min_time_s: float,
-    max_runs: int,
-    timer: str,
-) -> list[float]:
-    for _ in range(warmup):
-        fn(x)
-    torch.cuda.synchronize(dev)
+def _host_ms(fn: Callable[[Any], Any], x: Any, dev: torch.device | None = None) -> float:
+    """One call on the host clock (up to a synchronize of the CUDA device ``dev``, if given)."""
+    t0 = time.perf_counter()
+    fn(x)
+    if dev is not None:
+        torch.cuda.synchronize(dev)
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _clock(dev: torch.device, timer: str) -> Callable[[Callable[[Any], Any], Any], float]:
+    """One timed call on CUDA: events on ``dev``'s current stream, or the host clock up to a
+    synchronize of the device (``timer="wall"``)."""
+    if timer == "wall":
+        return functools.partial(_host_ms, dev=dev)
     stream = torch.cuda.current_stream(dev)
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < min_time_s):
-        if timer == "wall":
-            t0 = time.perf_counter()
-            fn(x)
-            torch.cuda.synchronize(dev)
-            times.append((time.perf_counter() - t0) * 1000.0)
-            continue
+
+    def events(fn: Callable[[Any], Any], x: Any) -> float:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record(stream)
         fn(x)
         end.record(stream)
         end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return times
+        return begin.elapsed_time(end)
+
+    return events

@@ -46,18 +46,6 @@ def _status(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def cpu_available_mb() -> float | None:
-    """Memory the system can give a new process (MemAvailable), in MiB."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def cuda_peak(run: Any, x: Any, device: str) -> dict[str, float]:
     """Peak CUDA memory of one call of ``run(x)`` (allocated and reserved), in MiB."""
     dev = torch.device(device)
@@ -79,7 +67,7 @@ def _measure(request: dict[str, Any]) -> dict[str, Any]:
     import gc
 
     from ..inputs import call, cast_floating
-    from ..runtime import compiled, no_mha_fastpath, quantized_engine
+    from ..runtime import compiled, variant_runtime
 
     torch.set_num_threads(request["threads"])
     x = torch.load(request["inputs"], weights_only=False)
@@ -105,23 +93,13 @@ def _measure(request: dict[str, Any]) -> dict[str, Any]:
         def run() -> Any:
             return call(fn, x)
 
-    with torch.inference_mode(), quantized_engine(request.get("backend")):
-        slow = no_mha_fastpath() if request.get("quantized") else _nothing()
-        with slow:
-            if request["compiled"]:  # compile first; its memory is not the model's
-                run()
-                gc.collect()
-                Path("/proc/self/clear_refs").write_text("5")
+    with torch.inference_mode(), variant_runtime(request.get("backend"), bool(request.get("quantized"))):
+        if request["compiled"]:  # compile first; its memory is not the model's
             run()
+            gc.collect()
+            Path("/proc/self/clear_refs").write_text("5")
+        run()
     return {"peak_bytes": _status("VmHWM") - before, "resident_before_bytes": before}
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def serve() -> None:

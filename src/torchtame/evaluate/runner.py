@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from ..errors import PassError
 from ..inputs import Inputs, call
 from ..inputs import prepare as prepare_inputs
 from ..onnx_runtime import BoundSession, run_session, session
-from ..runtime import compiled, cuda_provider_available, no_mha_fastpath, quantized_engine
+from ..runtime import compiled, cuda_provider_available, variant_runtime
 from ..variant import Variant
 
 Runner = Callable[[Inputs], Any]
@@ -100,8 +99,7 @@ def make_runner(
         with ctx():
             return call(fn, x)
 
-    # the fused Transformer fast path reads Linear weights as tensors and crashes on dynamically
-    # quantized ones (whose weight is a method); their plain path runs them
+    # quantized variants run on the plain attention path (runtime.variant_runtime)
     attention = any(isinstance(m, ATTENTION) for m in module.modules())
     fastpath = (not variant.quantized and torch.backends.mha.get_fastpath_enabled()) if attention else None
     io = "device" if device.startswith("cuda") else "host"
@@ -110,8 +108,7 @@ def make_runner(
     try:
         if threads is not None:
             torch.set_num_threads(threads)
-        slow = no_mha_fastpath() if variant.quantized else contextlib.nullcontext()
-        with quantized_engine(variant.backend), slow:
+        with variant_runtime(variant.backend, variant.quantized):
             yield run, prepare
     finally:
         torch.set_num_threads(saved_threads)

@@ -34,6 +34,13 @@ def _copy(v: Variant) -> Variant:
     return dataclasses.replace(v, module=copy.deepcopy(v.module))
 
 
+def packs_per_shape(v: Variant) -> bool:
+    """torch.ao's x86 int8 kernels pack their weights for the first input shape they see and run
+    other shapes up to a third slower: such a variant is timed on a fresh copy per batch size (as
+    a deployment at that batch size would run)."""
+    return v.quantized and v.kind == "torch" and not v.compiled
+
+
 def output_stats(outputs: torch.Tensor) -> dict[str, Any]:
     """How much the measured output varies between samples (nearly constant outputs make
     fidelity figures meaningless: random weights, a dead network)."""
@@ -82,10 +89,8 @@ class Measurer:
         lat = self.config.latency
         opts = (lat.threads, lat.inference_mode, lat.onnx_graph_optimization)
         for device in runnable:
-            # torch.ao's x86 int8 kernels pack their weights for the first input shape they see and
-            # run other shapes up to a third slower: each batch size is timed on a fresh copy (as a
-            # deployment at that batch size would run), and accuracy is measured on another
-            fresh = v.quantized and v.kind == "torch" and not v.compiled
+            # a fresh copy per batch size, and another for accuracy
+            fresh = packs_per_shape(v)
             with make_runner(_copy(v) if fresh else v, device, *opts) as (run, prepare):
                 if v.compiled:  # the first call compiles: its time is recorded, not timed as latency
                     self.progress.status(f"{v.name}: compiling for {device}")
@@ -102,22 +107,22 @@ class Measurer:
                     continue
                 for bs in lat.batch_sizes:
                     self.progress.status(f"{v.name}: latency on {device}, batch {bs}")
+                    x = self.data.example_input(bs)
                     if fresh:
                         with make_runner(_copy(v), device, *opts) as (run_bs, _):
-                            entry = self._latency(v, run_bs, self.data.example_input(bs), device)
+                            entry = self._latency(v, run_bs, x, device)
                     else:
-                        entry = self._latency(v, run, self.data.example_input(bs), device)
+                        entry = self._latency(v, run, x, device)
                     if self.config.memory:
                         self.progress.status(f"{v.name}: memory on {device}, batch {bs}")
-                        entry.update(self._memory(v, files, run, prepare, device, bs))
+                        entry.update(self._memory(v, files, run, prepare, device, x))
                     out["latency"].append(entry)
         return out
 
     def _memory(
-        self, v: Variant, files: list[Path] | None, run: Any, prepare: Any, device: str, bs: int
+        self, v: Variant, files: list[Path] | None, run: Any, prepare: Any, device: str, x: Any
     ) -> dict[str, Any]:
         """Peak memory of one batch: the CUDA allocator's peak, or a fresh CPU process's."""
-        x = self.data.example_input(bs)
         try:
             if device.startswith("cuda"):
                 if v.kind == "onnx":  # its CUDA allocator is not torch's: no honest reading here
@@ -130,7 +135,7 @@ class Measurer:
             threads = self.config.latency.threads or torch.get_num_threads()
             return self.probe.measure(v, files, x, threads)
         except Exception as exc:  # a reading that failed is reported, the variant is not lost
-            log.debug("memory of %s on %s, batch %d: %s", v.name, device, bs, exc)
+            log.debug("memory of %s on %s, batch %d: %s", v.name, device, batch_size(x), exc)
             return {"peak_memory_mb": None, "memory_error": str(exc)[:200]}
 
     def close(self) -> None:

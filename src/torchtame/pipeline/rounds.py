@@ -19,7 +19,7 @@ from ..evaluate import make_runner
 from ..inputs import batch_size
 from ..progress import NullProgress, Progress
 from ..variant import Variant
-from .measure import Measurer, _copy
+from .measure import Measurer, _copy, packs_per_shape
 
 
 def retime_run(pipeline: Any) -> None:
@@ -75,9 +75,8 @@ def retime(
                 timings = {}
                 for name in figures:
                     v = variants[name]
-                    # torch.ao x86 int8 packs weights for the first shape it sees: a fresh copy
-                    fresh = v.quantized and v.kind == "torch" and not v.compiled
-                    run, _ = stack.enter_context(make_runner(_copy(v) if fresh else v, device, *opts))
+                    fresh = _copy(v) if packs_per_shape(v) else v
+                    run, _ = stack.enter_context(make_runner(fresh, device, *opts))
                     timing = run.timing
                     assert timing is not None
                     timings[name] = (timing, timing.prepare(x))
