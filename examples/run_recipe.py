@@ -13,11 +13,12 @@ recipe = torchtame.load_recipe(sys.argv[1] if len(sys.argv) > 1 else "recipes/qu
 recipe.evaluate.latency.min_time_s = 0.1  # a quicker measurement for the example
 result = torchtame.run(recipe)
 
-ok = [v for v in result.results["variants"] if v["status"] == "ok" and v["latency"] and v["accuracy"]]
-within = [v for v in ok if v["accuracy"].get("top1_drop", 0.0) <= 1.0]
-fastest = min(within, key=lambda v: v["latency"][-1]["p50_ms"])
+ok = [v for v in result.variants.values() if v.ok and v.latency_at("cpu") and v.fidelity.top1 is not None]
+within = [v for v in ok if (v.fidelity.top1_drop or 0.0) <= 1.0]
+fastest = min(within, key=lambda v: v.latency_at("cpu").p50_ms)  # at the largest batch measured
+timing = fastest.latency_at("cpu")
 print(
-    f"fastest variant within 1 point of the baseline: {fastest['name']} "
-    f"({fastest['latency'][-1]['p50_ms']:.3f} ms at batch {fastest['latency'][-1]['batch_size']}, "
-    f"{fastest['size']['bytes'] / 1e6:.2f} MB) -> {result.run_dir / 'variants' / fastest['name']}"
+    f"fastest variant within 1 point of the baseline: {fastest.name} "
+    f"({timing.p50_ms:.3f} ms at batch {timing.batch_size}, "
+    f"{fastest.size.mb:.2f} MB) -> {result.run_dir / 'variants' / fastest.name}"
 )

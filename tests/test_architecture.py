@@ -30,9 +30,11 @@ FLOORS = {
         "progress",
         "inputs",
         "optional",
+        "results",
     ],
     2: [
         "recipe",
+        "recipe_errors",
         "models",
         "data",
         "training",
@@ -43,7 +45,7 @@ FLOORS = {
         "evaluate",
         "report",
     ],
-    3: ["pipeline", "search", "execution"],
+    3: ["pipeline", "search", "execution", "deploy"],
     4: ["cli", "__init__", "__main__"],
 }
 # within floor 2: a pass never imports the recipe; evaluate/ and report/ never import passes/

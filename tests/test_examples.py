@@ -84,7 +84,24 @@ def _huggingface_local(out: str) -> None:  # every variant built, bf16 faithful,
             assert float(re.search(r"peak b8\s+([\d.]+) MiB", line).group(1)) > 0, line
 
 
+def _deploy(out: str) -> None:
+    """The chosen variant, served from its run directory in a new process, gives the outputs the
+    run measured: the same top-1 agreement with the baseline."""
+    served = re.search(
+        r"served (\d+) samples: top-1 agreement with the baseline ([\d.]+)% "
+        r"\(the run recorded ([\d.]+)%\)",
+        out,
+    )
+    assert served, out
+    assert int(served.group(1)) > 500
+    assert abs(float(served.group(2)) - float(served.group(3))) < 0.01, served.group(0)
+    assert float(served.group(2)) >= 95.0, served.group(0)
+    assert re.search(r"chosen variant: \S+ \((int8|onnx-static-int8), (torch|onnx)\)", out), out
+    assert re.search(r"at [\d.]+ ms per batch of 32 \([\d.]+x the baseline\)", out), out
+
+
 CHECKS = {
+    "deploy.py": _deploy,
     "export_and_verify.py": _export_and_verify,
     "prune_and_finetune.py": _prune_and_finetune,
     "quantize_one_model.py": _quantize_one_model,

@@ -11,7 +11,7 @@ from torch import nn
 
 from torchtame import PassError, apply_pass
 from torchtame.artifacts import load_module, save_module
-from torchtame.passes.quantize import fusion_groups, untraceable_module
+from torchtame.passes.static.fx import fusion_groups, untraceable_module
 from torchtame.runtime import quantized_engine as engine
 
 from .conftest import accuracy

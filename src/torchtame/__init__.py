@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from . import execution  # noqa: F401  (registers the execution engines besides the local one)
 from ._version import __version__
 from .data import DataBundle, load_data
+from .deploy import DeployedVariant, load_variant
 from .devices import detect_environment, resolve_devices
 from .errors import (
     DataError,
@@ -17,13 +19,23 @@ from .errors import (
 from .models import load_model
 from .pipeline import Pipeline, RunResult, apply_pass, run
 from .recipe import Recipe, json_schema, load_recipe
-from .registry import register_data_source, register_metric, register_model_source, register_pass
+from .registry import (
+    register_data_source,
+    register_engine,
+    register_metric,
+    register_model_source,
+    register_pass,
+)
+from .results import Fidelity, Latency, Size, VariantResult
 from .variant import PassContext, Variant
 
 __all__ = [
     "DataBundle",
     "DataError",
+    "DeployedVariant",
     "DeviceError",
+    "Fidelity",
+    "Latency",
     "ModelLoadError",
     "PassContext",
     "PassError",
@@ -32,8 +44,10 @@ __all__ = [
     "RecipeError",
     "RunError",
     "RunResult",
+    "Size",
     "TorchtameError",
     "Variant",
+    "VariantResult",
     "__version__",
     "apply_pass",
     "detect_environment",
@@ -41,7 +55,9 @@ __all__ = [
     "load_data",
     "load_model",
     "load_recipe",
+    "load_variant",
     "register_data_source",
+    "register_engine",
     "register_metric",
     "register_model_source",
     "register_pass",

@@ -39,7 +39,7 @@ def _trace(variant: Variant, example: Any, path: Path) -> Path:
 
 def _export(variant: Variant, example: Any, path: Path) -> Path:
     """An exported program (PT2E int8 graphs: what torch.compile and AOTInductor deploy)."""
-    from .passes.pt2e import export_dynamic
+    from .passes.static.pt2e import export_dynamic
 
     program = export_dynamic(variant.module, cast_floating(example, variant.input_dtype))
     torch.export.save(program, str(path))

@@ -7,10 +7,7 @@ so a plugin's options are validated and appear in ``optimize schema`` like the b
 
 from __future__ import annotations
 
-import difflib
 import re
-import types
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -20,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model, field_vali
 from . import data, models, passes  # noqa: F401  (importing them registers the built-ins)
 from .errors import RecipeError
 from .evaluate.accuracy import METRICS
+from .evaluate.health import HealthConfig
 from .options import (
     NAME_PATTERN,
     DataSourceOptions,
@@ -33,7 +31,8 @@ from .passes.export import OnnxOptions
 from .passes.finetune import FinetuneOptions
 from .passes.onnx_quant import OnnxQuantOptions
 from .passes.prune import PruneOptions
-from .passes.quantize import StaticOptions
+from .passes.static.fx import StaticOptions
+from .recipe_errors import format_errors
 from .registry import DATA_SOURCES, MODEL_SOURCES, PASSES
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -90,22 +89,6 @@ class LatencyConfig(Strict):
         if self.max_runs < self.min_runs:
             raise ValueError(f"max_runs ({self.max_runs}) must be >= min_runs ({self.min_runs})")
         return self
-
-
-class HealthConfig(Strict):
-    """When a variant gets a health finding (see ``evaluate/health.py``)."""
-
-    enabled: bool = True
-    min_cosine: float = Field(0.9, ge=-1, le=1, description="Fidelity collapsed below this cosine.")
-    min_agreement: float = Field(50.0, ge=0, le=100, description="...or below this top-1 agreement (%).")
-    slower_tolerance: float = Field(
-        0.05, ge=0, description="Slower than its parent by more than this fraction is a finding."
-    )
-    warn_cosine: float = Field(0.99, ge=-1, le=1, description="Fidelity degraded (a warning) below this.")
-    warn_agreement: float = Field(95.0, ge=0, le=100, description="...or below this top-1 agreement (%).")
-    warn_accuracy_drop: float = Field(
-        1.0, ge=0, description="With labels: a top-1 drop above this (points) is the degradation warning."
-    )
 
 
 class EvaluateConfig(Strict):
@@ -286,8 +269,31 @@ class Recipe(Strict):
                     raise ValueError(f"{item!r} is not a device; allowed: auto, cpu, cuda, cuda:N")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _tokenizer_from_model(cls, raw: Any) -> Any:
+        """Text data without a tokenizer uses the `transformers` model's directory (a new dict:
+        what the user wrote is not changed)."""
+        if not isinstance(raw, dict):
+            return raw
+        data_, model = raw.get("data"), raw.get("model")
+        if (
+            isinstance(data_, dict)
+            and data_.get("source") == "text"
+            and data_.get("tokenizer") is None
+            and isinstance(model, dict)
+            and model.get("source") == "transformers"
+            and model.get("path") is not None
+        ):
+            return {**raw, "data": {**data_, "tokenizer": model["path"]}}
+        return raw
+
+    def variant_names(self) -> list[str]:
+        """Every variant the steps make, the baseline first."""
+        return ["baseline", *(s.name for s in self.steps)]
+
     @model_validator(mode="after")
-    def _references(self) -> Recipe:
+    def _step_lineage(self) -> Recipe:
         known = ["baseline"]
         for i, step in enumerate(self.steps):
             if step.name in known:
@@ -297,11 +303,19 @@ class Recipe(Strict):
                     f"steps[{i}].from: {step.from_!r} is not an earlier variant; allowed: {', '.join(known)}"
                 )
             known.append(step.name)
+        return self
+
+    @model_validator(mode="after")
+    def _search_has_constraints(self) -> Recipe:
         if self.strategy == "search" and self.constraints.empty:
             raise ValueError(
                 "constraints: `strategy: search` needs at least one of max_accuracy_drop, min_cosine, "
                 "min_agreement, max_latency_ms, max_size_mb, max_memory_mb"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _constraints_measured(self) -> Recipe:
         c = self.constraints
         if c.batch_size is not None and c.batch_size not in self.evaluate.latency.batch_sizes:
             raise ValueError(
@@ -310,14 +324,20 @@ class Recipe(Strict):
             )
         if c.device is not None and c.device not in self.devices and not DEVICE_PATTERN.match(c.device):
             raise ValueError(f"constraints.device: {c.device!r} is not a device; allowed: cpu, cuda, cuda:N")
+        return self
+
+    @model_validator(mode="after")
+    def _text_has_tokenizer(self) -> Recipe:
         if getattr(self.data, "source", None) == "text" and self.data.tokenizer is None:
-            if getattr(self.model, "source", None) == "transformers":
-                self.data.tokenizer = self.model.path
-            else:
-                raise ValueError(
-                    "data.tokenizer: required field is missing (only a `transformers` model's directory "
-                    "can stand in for it)"
-                )
+            raise ValueError(
+                "data.tokenizer: required field is missing (only a `transformers` model's directory "
+                "can stand in for it)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _export_names(self) -> Recipe:
+        known = self.variant_names()
         for name in self.export.variants or []:
             if name not in known:
                 raise ValueError(f"export.variants: {name!r} is not a variant; allowed: {', '.join(known)}")
@@ -414,7 +434,7 @@ def load_recipe(source: str | Path | dict[str, Any] | Recipe, **overrides: Any) 
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:
-        raise RecipeError(_format_errors(exc, raw, node, where, cls)) from None
+        raise RecipeError(format_errors(exc, raw, node, where, cls)) from None
 
 
 def _read_text(source: str | Path) -> tuple[str, str]:
@@ -430,162 +450,3 @@ def _read_text(source: str | Path) -> tuple[str, str]:
             )
         return path.read_text(encoding="utf-8"), str(path)
     return str(source), "recipe"
-
-
-def _format_errors(exc: ValidationError, raw: Any, node: Any, where: str, cls: type[BaseModel]) -> str:
-    lines = []
-    for err in exc.errors(include_url=False):
-        loc = _strip_tags(err["loc"], raw)
-        field = _loc_str(loc)
-        msg = err["msg"].removeprefix("Value error, ")
-        ctx = err.get("ctx") or {}
-        ref = _REF.match(msg) if not loc else None
-        if ref:  # cross-field checks name their own field: "steps[1].from: ..."
-            field, msg = ref.group(1), ref.group(2)
-            loc = _parse_loc(field)
-        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            tag = "pass" if "pass" in str(ctx.get("discriminator")) else "source"
-            loc = (*loc, tag)
-            field = _loc_str(loc)
-            allowed = str(ctx.get("expected_tags", "")).replace("'", "") or _tags(loc)
-            if err["type"] == "union_tag_invalid":
-                msg = f"unknown {tag} {ctx.get('tag')!r}; allowed: {allowed}"
-            else:
-                msg = f"required field is missing; allowed: {allowed}"
-        elif err["type"] == "string_pattern_mismatch" and ctx.get("pattern") == NAME_PATTERN:
-            msg = f"names may use letters, digits and _ . + - only (got {err['input']!r})"
-        elif err["type"] == "extra_forbidden":
-            allowed = _allowed_keys(cls, loc[:-1], raw)
-            msg = f"unknown key {loc[-1]!r}"
-            if allowed:
-                close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-                msg += f" (did you mean {close[0]!r}?)" if close else ""
-                msg += f"; allowed: {', '.join(allowed)}"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        elif ref is None and "input" in err and not isinstance(err["input"], dict | list):
-            msg += f" (got {err['input']!r})"
-        line = _line(node, loc)
-        prefix = f"{where}:{line}" if line else where
-        lines.append(f"{prefix}: {field or '(top level)'}: {msg}")
-    head = lines[0]
-    if len(lines) > 1:
-        head += "".join(f"\n{x}" for x in lines[1:6])
-        if len(lines) > 6:
-            head += f"\n(+{len(lines) - 6} more)"
-    return head
-
-
-def _tags(loc: tuple[Any, ...]) -> str:
-    reg = {"model": MODEL_SOURCES, "data": DATA_SOURCES, "steps": PASSES}.get(str(loc[0]))
-    return ", ".join(reg.names()) if reg is not None else ""
-
-
-_REF = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.*)$", re.S)
-
-
-def _parse_loc(text: str) -> tuple[Any, ...]:
-    out: list[Any] = []
-    for part in re.findall(r"[^.\[\]]+|\[\d+\]", text):
-        out.append(int(part[1:-1]) if part.startswith("[") else part)
-    return tuple(out)
-
-
-def _strip_tags(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
-    """Drop the discriminator tags pydantic puts in the location of union members."""
-    out: list[Any] = []
-    cur = raw
-    for part in loc:
-        if (
-            isinstance(cur, dict)
-            and isinstance(part, str)
-            and part not in cur
-            and (part in (cur.get("source"), cur.get("pass")) or part.startswith("Step_"))
-        ):
-            continue
-        out.append(part)
-        if isinstance(cur, dict):
-            cur = cur.get(part)
-        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
-            cur = cur[part]
-        else:
-            cur = None
-    return tuple(out)
-
-
-def _loc_str(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _line(node: Any, loc: tuple[Any, ...]) -> int | None:
-    if node is None:
-        return None
-    line = node.start_mark.line + 1
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if key.value == part:
-                    node = value if part != loc[-1] else key
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            if part >= len(node.value):
-                return line
-            node = node.value[part]
-        else:
-            return line
-        line = node.start_mark.line + 1
-    return line
-
-
-def _allowed_keys(cls: Any, loc: tuple[Any, ...], raw: Any) -> list[str]:
-    """Field names (by alias) of the model found at ``loc``, walking annotations."""
-    tp: Any = cls
-    cur = raw
-    for part in loc:
-        tp = _pick(tp, cur)
-        if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
-            fields = {(f.alias or n): f for n, f in tp.model_fields.items()}
-            if part not in fields:
-                return []
-            tp = fields[part].annotation
-        elif isinstance(part, int):
-            args = typing.get_args(tp)
-            tp = args[0] if args else Any
-        cur = (
-            cur.get(part)
-            if isinstance(cur, dict)
-            else (cur[part] if isinstance(cur, list) and isinstance(part, int) and part < len(cur) else None)
-        )
-    tp = _pick(tp, cur)
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return [f.alias or n for n, f in tp.model_fields.items()]
-    return []
-
-
-def _pick(tp: Any, value: Any) -> Any:
-    """Resolve Annotated/Optional/union types to the member that fits ``value``."""
-    while True:
-        origin = typing.get_origin(tp)
-        if origin is Annotated:
-            tp = typing.get_args(tp)[0]
-        elif origin in (Union, types.UnionType):
-            members = [a for a in typing.get_args(tp) if a is not type(None)]
-            tp = next((m for m in members if _tag_matches(m, value)), members[0] if members else Any)
-        else:
-            return tp
-
-
-def _tag_matches(member: Any, value: Any) -> bool:
-    """Whether ``value`` carries the discriminator (source / pass) of union member ``member``."""
-    if not (isinstance(member, type) and issubclass(member, BaseModel) and isinstance(value, dict)):
-        return False
-    for tag in ("source", "pass_"):
-        f = member.model_fields.get(tag)
-        if f is not None and typing.get_args(f.annotation) == (value.get(f.alias or tag),):
-            return True
-    return False

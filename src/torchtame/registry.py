@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -25,14 +25,38 @@ from .options import NoOptions
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+Trait = Literal["trains", "same_architecture", "quantizes", "prunes", "exports"]
+"""What a pass is, declared where it registers (``register_pass(..., traits={...})``):
+
+- ``trains``: it runs a training loop (gets a GPU on Ray, where the run has one);
+- ``same_architecture``: it changes weights only, so a speed difference to its parent is noise;
+- ``quantizes``, ``prunes``, ``exports``: what it does to its parent (health hints follow it)."""
+TRAITS: tuple[str, ...] = ("trains", "same_architecture", "quantizes", "prunes", "exports")
+
+Hint = str | Callable[[dict[str, Any]], str]
+"""A health finding's next step for a pass: a sentence, or a function of the variant's results
+entry (its options, mode and dtype choose the sentence). Keys: ``slower``, ``fidelity``."""
+
+
 @dataclass(frozen=True)
 class Entry(Generic[F]):
-    """A registered item: its name, the function that does the work and its options schema."""
+    """A registered item: its name, the function that does the work, its options schema and, for
+    passes, what the pass is (``traits``) and what to try when its variant gets a finding (``hints``)."""
 
     name: str
     fn: F
     options: type[BaseModel]
     summary: str
+    traits: frozenset[str] = frozenset()
+    hints: tuple[tuple[str, Hint], ...] = ()
+
+    def has(self, trait: str) -> bool:
+        return trait in self.traits
+
+    def hint(self, kind: str, entry: dict[str, Any]) -> str | None:
+        """The pass's next step for a finding of ``kind`` on ``entry`` (None: it has none)."""
+        found = dict(self.hints).get(kind)
+        return found(entry) if callable(found) else found
 
 
 class Registry(Generic[F]):
@@ -44,7 +68,13 @@ class Registry(Generic[F]):
         self.version = 0
 
     def register(
-        self, name: str, options: type[BaseModel] = NoOptions, *, replace: bool = False
+        self,
+        name: str,
+        options: type[BaseModel] = NoOptions,
+        *,
+        replace: bool = False,
+        traits: set[str] | frozenset[str] = frozenset(),
+        hints: dict[str, Hint] | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name``; a taken name is an error unless ``replace``."""
         if name in self._items and not replace:
@@ -52,10 +82,25 @@ class Registry(Generic[F]):
                 f"{self.kind} {name!r} is already registered (by {self._items[name].fn.__module__}); "
                 "pass replace=True to replace it"
             )
+        unknown = set(traits) - set(TRAITS)
+        if unknown:
+            raise ValueError(f"{self.kind} {name!r}: unknown traits {sorted(unknown)}; known: {TRAITS}")
+        unknown = set(hints or {}) - {"slower", "fidelity"}
+        if unknown:
+            raise ValueError(
+                f"{self.kind} {name!r}: unknown hint kinds {sorted(unknown)}; use: slower, fidelity"
+            )
 
         def decorator(fn: F) -> F:
             summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-            self._items[name] = Entry(name=name, fn=fn, options=options, summary=summary)
+            self._items[name] = Entry(
+                name=name,
+                fn=fn,
+                options=options,
+                summary=summary,
+                traits=frozenset(traits),
+                hints=tuple((hints or {}).items()),
+            )
             self.version += 1
             return fn
 
@@ -79,16 +124,44 @@ class Registry(Generic[F]):
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
+    def find(self, name: str | None) -> Entry[F] | None:
+        """The entry of ``name`` if it is registered (no error: results of older runs may name
+        passes this process does not know)."""
+        if name is None:
+            return None
+        load_plugins()
+        return self._items.get(name)
+
+    def has_trait(self, name: str | None, trait: str) -> bool:
+        """Whether the registered item ``name`` declares ``trait``."""
+        entry = self.find(name)
+        return entry is not None and entry.has(trait)
+
 
 MODEL_SOURCES: Registry[Callable[..., Any]] = Registry("model source")
 DATA_SOURCES: Registry[Callable[..., Any]] = Registry("data source")
 PASSES: Registry[Callable[..., Any]] = Registry("pass")
 METRICS: Registry[Callable[..., Any]] = Registry("metric")
+ENGINES: Registry[Callable[..., Any]] = Registry("execution engine")
 
 
-def register_pass(name: str, options: type[BaseModel] = NoOptions, *, replace: bool = False) -> Any:
-    """Register ``fn(model, ctx, options) -> Variant`` as the pass ``name``."""
-    return PASSES.register(name, options, replace=replace)
+def register_pass(
+    name: str,
+    options: type[BaseModel] = NoOptions,
+    *,
+    replace: bool = False,
+    traits: set[str] | frozenset[str] = frozenset(),
+    hints: dict[str, Hint] | None = None,
+) -> Any:
+    """Register ``fn(model, ctx, options) -> Variant`` as the pass ``name``; ``traits`` say what
+    the pass is (see :data:`TRAITS`), ``hints`` what to try when its variant is slower than its
+    parent (``slower``) or lost fidelity (``fidelity``)."""
+    return PASSES.register(name, options, replace=replace, traits=traits, hints=hints)
+
+
+def register_engine(name: str, *, replace: bool = False) -> Any:
+    """Register ``factory(execution_config) -> Engine`` as the execution engine ``name``."""
+    return ENGINES.register(name, NoOptions, replace=replace)
 
 
 def register_model_source(name: str, options: type[BaseModel], *, replace: bool = False) -> Any:

@@ -10,8 +10,12 @@ error-level finding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from pydantic import Field
+
+from ..options import Strict
+from ..registry import PASSES
 
 LEVELS = ("error", "warning", "info")
 FLAG = {
@@ -29,19 +33,20 @@ FLAG = {
 }
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """When a finding is raised (``evaluate.health`` in the recipe)."""
+class HealthConfig(Strict):
+    """When a variant gets a health finding (``evaluate.health`` in the recipe)."""
 
-    min_cosine: float = 0.9
-    min_agreement: float = 50.0
-    slower_tolerance: float = 0.05
-    warn_cosine: float = 0.99
-    warn_agreement: float = 95.0
-    warn_accuracy_drop: float = 1.0
-
-
-SAME_ARCHITECTURE = {"finetune"}  # passes that change weights only: a speed difference is noise
+    enabled: bool = True
+    min_cosine: float = Field(0.9, ge=-1, le=1, description="Fidelity collapsed below this cosine.")
+    min_agreement: float = Field(50.0, ge=0, le=100, description="...or below this top-1 agreement (%).")
+    slower_tolerance: float = Field(
+        0.05, ge=0, description="Slower than its parent by more than this fraction is a finding."
+    )
+    warn_cosine: float = Field(0.99, ge=-1, le=1, description="Fidelity degraded (a warning) below this.")
+    warn_agreement: float = Field(95.0, ge=0, le=100, description="...or below this top-1 agreement (%).")
+    warn_accuracy_drop: float = Field(
+        1.0, ge=0, description="With labels: a top-1 drop above this (points) is the degradation warning."
+    )
 
 
 def finding(code: str, level: str, message: str, suggestion: str, **figures: Any) -> dict[str, Any]:
@@ -49,54 +54,18 @@ def finding(code: str, level: str, message: str, suggestion: str, **figures: Any
 
 
 def _slower_hint(entry: dict[str, Any]) -> str:
-    info = entry.get("info") or {}
-    kind, mode = entry.get("pass"), info.get("mode")
-    if kind == "quantize.static" and mode == "fx":
-        return (
-            "try `mode: pt2e` (compiled by Inductor) or quantize.onnx; at batch 1 int8 overhead can "
-            "exceed the gain"
-        )
-    if kind == "quantize.static":
-        return "try `mode: fx` or quantize.onnx; compiled int8 pays off at larger batches"
-    if kind == "quantize.dynamic":
-        return (
-            "dynamic int8 pays off for large Linear/LSTM layers at larger batches; try quantize.static "
-            "or quantize.onnx"
-        )
-    if kind == "quantize.half":
-        return "bfloat16/float16 is fast only on GPUs and CPUs with AMX or AVX512-BF16; keep float32 here"
-    if kind == "prune.structured":
-        return "prune more, or `round_to: 8` so the remaining widths suit the kernels"
-    if kind == "quantize.torchao":
-        return (
-            "torchao int8 is fast once compiled and at larger batches; try quantize.static or quantize.onnx"
-        )
-    return "keep the parent variant for this setting"
+    found = PASSES.find(entry.get("pass"))
+    hint = found.hint("slower", entry) if found is not None else None
+    return hint or "keep the parent variant for this setting"
 
 
 def _fidelity_hint(entry: dict[str, Any], parent: dict[str, Any] | None) -> str:
-    kind = entry.get("pass")
-    if kind == "prune.structured" or (
-        kind == "export.onnx" and parent and parent.get("pass") == "prune.structured"
-    ):
-        return (
-            "fine-tune after pruning (a `finetune` step; `loss: distill` needs no labels), or prune less "
-            "(`ratio`, `layer_ratios`)"
-        )
-    if kind == "quantize.static":
-        return (
-            "keep the most sensitive layers float (`strategy: search` ranks them; `keep_float: [...]`), try "
-            "`mode: pt2e`, or quantize.onnx with `calibration_method: Percentile`"
-        )
-    if kind == "quantize.onnx":
-        return "try `calibration_method: Percentile` or `Entropy`, `per_channel: true`, or `nodes_to_exclude`"
-    if kind == "quantize.dynamic":
-        return "exclude the sensitive layers (`exclude: [...]`) or use float16 weights (`dtype: float16`)"
-    if kind == "quantize.half":
-        return "float16 overflows in this model: use `dtype: bfloat16`"
-    if kind == "finetune":
-        return "lower `lr` or train longer; check the train split"
-    return "compare the variant's outputs with its parent's to find the layer that diverges"
+    found = PASSES.find(entry.get("pass"))
+    if found is not None and found.has("exports") and parent is not None:
+        # an export keeps its parent's arithmetic: the parent's pass is what to change
+        found, entry = PASSES.find(parent.get("pass")), parent
+    hint = found.hint("fidelity", entry) if found is not None else None
+    return hint or "compare the variant's outputs with its parent's to find the layer that diverges"
 
 
 def _latency(entry: dict[str, Any], key: str = "p50_ms") -> dict[tuple[Any, ...], float]:
@@ -107,9 +76,9 @@ def _latency(entry: dict[str, Any], key: str = "p50_ms") -> dict[tuple[Any, ...]
     }
 
 
-def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: HealthConfig) -> list[dict[str, Any]]:
     """Slower than the parent: beyond the tolerance and beyond the parent's own p90 (noise)."""
-    if entry.get("pass") in SAME_ARCHITECTURE:
+    if PASSES.has_trait(entry.get("pass"), "same_architecture"):
         return []
     mine, theirs, band = _latency(entry), _latency(parent), _latency(parent, "p90_ms")
     shared = [k for k in mine if k in theirs and theirs[k] > 0]
@@ -134,7 +103,7 @@ def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: Thresholds) ->
 
 
 def check_fidelity(
-    entry: dict[str, Any], parent: dict[str, Any] | None, task: str, t: Thresholds
+    entry: dict[str, Any], parent: dict[str, Any] | None, task: str, t: HealthConfig
 ) -> list[dict[str, Any]]:
     """Class scores are judged by what they decide (top-1 agreement with the baseline; with
     labels, the accuracy drop warns), features by their cosine similarity: the logits of a
@@ -299,12 +268,12 @@ def check(
     entry: dict[str, Any],
     parent: dict[str, Any] | None,
     task: str = "classification",
-    thresholds: Thresholds | None = None,
+    thresholds: HealthConfig | None = None,
     capacity: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding about one measured variant (``parent``: the entry it was built from;
     ``capacity``: MiB of memory per device kind, ``cpu`` and ``cuda``)."""
-    t = thresholds or Thresholds()
+    t = thresholds or HealthConfig()
     out: list[dict[str, Any]] = []
     if entry.get("status") != "ok":
         return out

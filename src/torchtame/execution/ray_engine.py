@@ -1,12 +1,10 @@
-"""Run a recipe's builds and measurements as Ray tasks (`execution: {engine: ray}`, `--ray`).
+"""The Ray execution engine (`execution: {engine: ray}`, `--ray`): a run's builds and measurements
+as Ray tasks (:mod:`.ray_tasks`), scheduled by :mod:`.ray_runner`.
 
 - Every step's build (pass, calibration, fine-tuning, export) is a task with the CPUs (torch
-  threads) and GPUs it needs; a step is submitted once its parent is built. The parent travels as
-  its artefact's bytes and the built variant comes back the same way, into the head's run
-  directory; only the head writes results.json (atomically, after every variant).
-- Every measurement is a task that holds the node's measuring slot (the custom resource
-  ``torchtame_measure``, one per node) and, by default, all of the node's CPUs: no two timings
-  share a node, and nothing is built beside one. Every latency records its node; the baseline is
+  threads) and GPUs it needs; a step is submitted once its parent is built.
+- Every measurement is a task that holds the node's measuring slot and, by default, all of the
+  node's CPUs: nothing is built beside a timing. Every latency records its node; the baseline is
   timed on every measuring node, so each speed-up compares measurements of one node.
 - A task whose worker is lost becomes a failed variant with the reason; the run goes on. Ctrl-C
   cancels every task in flight.
@@ -14,183 +12,31 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import shutil
-import tempfile
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RunError, first_line
 from ..optional import require
+from ..recipe import ExecutionConfig
+from ..registry import register_engine
+from .ray_runner import Schedule
+from .ray_tasks import LOCAL_IP, MEASURE, SLOT, Package, build_task, measure_task
+
+if TYPE_CHECKING:
+    from ..pipeline.engine import StepHost
+    from ..pipeline.executor import Job
+    from ..results import VariantEntry
+    from ..variant import Variant
 
 log = logging.getLogger("torchtame")
 
-MEASURE = "torchtame_measure"  # the custom resource of a node's one measuring slot
-SLOT = "'{\"torchtame_measure\": 1}'"  # how `ray start --resources` declares it
-LOCAL_IP = "127.0.0.2"  # a loopback address Ray does not rewrite to the machine's public IP
-
-
-@dataclass
-class Package:
-    """A variant that travels between processes: its results.json description and its files."""
-
-    entry: dict[str, Any]
-    files: dict[str, bytes] = field(default_factory=dict)
-
-
-def pack(variant: Any, paths: list[Path]) -> Package:
-    return Package(variant.to_entry(), {p.name: p.read_bytes() for p in paths})
-
-
-def unpack(package: Package, directory: Path | None = None) -> Any:
-    """The variant again, its module loaded from the package's files."""
-    from ..artifacts import load_module
-    from ..variant import Variant
-
-    v = Variant.from_entry(package.entry)
-    if not package.files:
-        return v
-    directory = directory or Path(tempfile.mkdtemp(prefix="torchtame-task-"))
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in package.files.items():
-        (directory / name).write_bytes(data)
-    first = directory / next(iter(package.files))
-    if first.suffix == ".onnx":
-        v.onnx_path = first
-    else:
-        v.module = load_module(first).eval()
-    return v
-
-
-@functools.lru_cache(maxsize=2)
-def _context(recipe_json: str, modules: tuple[str, ...] = ()) -> tuple[Any, Any]:
-    """The recipe and its data, loaded once per worker process; ``modules`` (the user's own
-    modules that registered passes or sources the recipe names) are imported first."""
-    import importlib
-
-    from ..data import load_data
-    from ..recipe import load_recipe
-
-    for module in modules:
-        importlib.import_module(module)
-    recipe = load_recipe(recipe_json)
-    return recipe, load_data(recipe.data, recipe.seed)
-
-
-def user_modules() -> tuple[str, ...]:
-    """Modules outside torchtame that registered items: workers import them to know the items."""
-    from ..registry import DATA_SOURCES, METRICS, MODEL_SOURCES, PASSES
-
-    found = {e.fn.__module__ for reg in (PASSES, MODEL_SOURCES, DATA_SOURCES, METRICS) for e in reg.entries()}
-    return tuple(sorted(m for m in found if m and not m.startswith("torchtame")))
-
-
-def _ensure_registered(pass_name: str, module: str | None) -> None:
-    """A pass registered by the user's own module (not a plugin) is registered on the worker by
-    importing that module, which must be importable there."""
-    import importlib
-
-    from ..registry import PASSES
-
-    if pass_name not in PASSES and module:
-        importlib.import_module(module)
-
-
-def _node() -> str:
-    import ray
-
-    return ray.get_runtime_context().get_node_id()
-
-
-def build_task(
-    recipe_json: str,
-    job: dict[str, Any],
-    parent: Package,
-    baseline: Package | None,
-    context: dict[str, Any],
-) -> dict[str, Any]:
-    """One step's build on a worker; returns the built variant's package, or the error."""
-    import torch
-
-    from ..pipeline.executor import StepInputs, build_step
-    from ..progress import NullProgress
-
-    torch.set_num_threads(context["threads"])
-    t0 = time.perf_counter()
-    _ensure_registered(job["pass"], job.get("module"))
-    _, data = _context(recipe_json, tuple(context.get("modules", ())))
-    work = Path(tempfile.mkdtemp(prefix="torchtame-build-"))
-    source = unpack(parent, work / "parent")
-    variants = {source.name: source}
-    if baseline is not None:
-        variants["baseline"] = (
-            unpack(baseline, work / "baseline") if baseline.entry["name"] != source.name else source
-        )
-    inputs = StepInputs(
-        data,
-        data.example_input(1),
-        context["devices"],
-        variants,
-        NullProgress(),
-        context["output"],
-        context["task"],
-    )
-    built = build_step(job["name"], job["pass"], source, job["options"], inputs, job["seed"], work / "out")
-    result: dict[str, Any] = {
-        "node": _node(),
-        "warnings": dict(built.warnings),
-        "seconds": time.perf_counter() - t0,
-    }
-    if built.variant is None:
-        return {**result, "error": built.error}
-    from ..pipeline.store import artifact_files
-
-    files = artifact_files(built.variant, work / "artefact", data.example_input(1))
-    return {**result, "package": pack(built.variant, files)}
-
-
-def measure_task(
-    recipe_json: str, package: Package, context: dict[str, Any], accuracy: bool
-) -> dict[str, Any]:
-    """Accuracy and latency of one variant on the worker's node (which this task holds alone)."""
-    import torch
-
-    from ..pipeline.measure import Measurer
-
-    torch.set_num_threads(context["threads"])
-    t0 = time.perf_counter()
-    recipe, data = _context(recipe_json, tuple(context.get("modules", ())))
-    directory = Path(tempfile.mkdtemp(prefix="torchtame-measure-"))
-    v = unpack(package, directory)
-    files = [directory / name for name in package.files]
-    m = Measurer(
-        recipe.evaluate,
-        data,
-        context["choices"],
-        data.example_input(1),
-        baseline_outputs=context.get("baseline_outputs"),
-        baseline_accuracy=context.get("baseline_accuracy") or {},
-        output=context["output"],
-        task=context["task"],
-    )
-    try:
-        out = m.run(v, node=_node(), accuracy=accuracy, files=files)
-    finally:
-        m.close()
-        shutil.rmtree(directory, ignore_errors=True)
-    if v.name == "baseline" and accuracy:
-        out["_baseline_outputs"] = m.baseline_outputs
-    out["measure_s"] = round(time.perf_counter() - t0, 3)
-    return out
-
 
 class RayEngine:
-    """Connects to (or starts) a Ray cluster and runs build and measurement tasks on it."""
+    """Connects to (or starts) a Ray cluster and runs a run's builds and measurements on it as
+    tasks (the :class:`~torchtame.pipeline.engine.Engine` protocol)."""
+
+    parallel = True
 
     def __init__(
         self, address: str | None, max_parallel: int | None, step_cpus: int, exclusive: bool
@@ -235,6 +81,7 @@ class RayEngine:
             )
         self._build = self.ray.remote(max_retries=0)(build_task)
         self._measure = self.ray.remote(max_retries=0)(measure_task)
+        self._current: Schedule | None = None
 
     def measuring_nodes(self) -> list[dict[str, Any]]:
         return [n for n in self.ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(MEASURE, 0) >= 1]
@@ -315,9 +162,27 @@ class RayEngine:
         if self.started:
             self.ray.shutdown()
 
+    # ---------------------------------------------------------------- the Engine protocol
 
-def make_engine(config: Any) -> RayEngine:
+    def _schedule(self, host: StepHost) -> Schedule:
+        if self._current is None or self._current.host is not host:
+            self._current = Schedule(self, host)
+        return self._current
+
+    def measure_baseline(self, host: StepHost, baseline: Variant) -> VariantEntry:
+        return self._schedule(host).measure_baseline(baseline)
+
+    def run_steps(self, host: StepHost, jobs: list[Job]) -> list[VariantEntry]:
+        return self._schedule(host).run(jobs)
+
+    def retime(self, host: StepHost) -> None:
+        """No side-by-side rounds: each speed-up already compares one node's measurements, and
+        the rounds would have to hold every node's measuring slot at once."""
+        if host.recipe.evaluate.latency.rounds > 1:
+            log.info("latency.rounds is not used by the ray engine: every figure is one timing")
+
+
+@register_engine("ray")
+def make_engine(config: ExecutionConfig) -> RayEngine:
+    """Builds and measurements as tasks on a Ray cluster (a local one unless ``address``)."""
     return RayEngine(config.address, config.max_parallel, config.step_cpus, config.exclusive_measure)
-
-
-Factory = Callable[[Any], RayEngine]

@@ -1,204 +1,230 @@
-"""Schedule a pipeline's steps on Ray: builds as soon as their parent is built, measurements as
-soon as a measuring slot is free, every result recorded by the head (see :mod:`.ray_engine`).
-
-It talks to the pipeline through its public engine interface only: ``prepare`` (resume, skipped
-steps), ``stub``, ``record``, ``recorder``, ``variants``, ``store``, ``measurer``.
-"""
+"""Schedule a run's steps on Ray: builds as soon as their parent is built, measurements as soon as
+a measuring slot is free, every outcome recorded by the head through the run's
+:class:`~torchtame.pipeline.engine.StepHost` (never the pipeline itself)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..registry import PASSES
-from .ray_engine import Package, RayEngine, pack, unpack, user_modules
+from .ray_tasks import Package, pack, unpack, user_modules
 
 if TYPE_CHECKING:
-    from ..pipeline.core import Pipeline
+    from ..pipeline.engine import StepHost
     from ..pipeline.executor import Job
+    from ..results import SizeEntry, VariantEntry
     from ..variant import Variant
+    from .ray_engine import RayEngine
 
 log = logging.getLogger("torchtame")
-TRAINING_PASSES = {"finetune", "prune.structured", "quantize.torchao"}
 
 
-def _recipe_json(pipe: Pipeline) -> str:
-    return pipe.recipe.model_dump_json(by_alias=True)
+@dataclass
+class Building:
+    """A build task in flight."""
+
+    job: Job
+    t0: float
 
 
-def _context(pipe: Pipeline) -> dict[str, Any]:
-    return {
-        "modules": user_modules(),
-        "devices": pipe.devices,
-        "choices": pipe.choices,
-        "output": pipe.output,
-        "task": pipe.task,
-        "threads": pipe.recipe.evaluate.latency.threads,
-    }
+@dataclass
+class Measuring:
+    """A measurement task in flight, and what its build left for the record."""
+
+    job: Job
+    variant: Variant
+    t0: float
+    warns: Counter[str]
+    node: str
+    size: SizeEntry
+    build_s: float
 
 
-def _gpus(pipe: Pipeline, training: bool) -> float:
-    cuda = any(d.startswith("cuda") for d in pipe.devices)
-    return 1.0 if cuda and training else 0.0
+class Schedule:
+    """One run on the cluster: its packages in Ray's object store (each put once) and the steps
+    in flight."""
 
-
-class _Packages:
-    """Each variant's package, put in Ray's object store once."""
-
-    def __init__(self, pipe: Pipeline, engine: RayEngine) -> None:
-        self.pipe, self.engine = pipe, engine
+    def __init__(self, cluster: RayEngine, host: StepHost) -> None:
+        self.cluster, self.host = cluster, host
+        self.recipe_json = host.recipe.model_dump_json(by_alias=True)
         self.refs: dict[str, Any] = {}
 
+    # ---------------------------------------------------------------- what tasks get
+
+    def context(self, **extra: Any) -> dict[str, Any]:
+        h = self.host
+        return {
+            "modules": user_modules(),
+            "devices": h.devices,
+            "choices": h.choices,
+            "output": h.inputs.output,
+            "task": h.inputs.task,
+            "threads": h.threads,
+            **extra,
+        }
+
+    def gpus(self, wanted: bool) -> float:
+        return 1.0 if wanted and any(d.startswith("cuda") for d in self.host.devices) else 0.0
+
     def put(self, name: str, package: Package) -> Any:
-        self.refs[name] = self.engine.ray.put(package)
+        self.refs[name] = self.cluster.ray.put(package)
         return self.refs[name]
 
-    def get(self, name: str) -> Any:
+    def package(self, name: str) -> Any:
+        """The object-store reference of variant ``name``'s package (put on first use)."""
         if name not in self.refs:
-            v = self.pipe.variants[name]
-            assert self.pipe.store is not None
-            self.put(name, pack(v, self.pipe.store.files_of(v)))
+            v = self.host.variants[name]
+            self.put(name, pack(v, self.host.files_of(v)))
         return self.refs[name]
 
+    # ---------------------------------------------------------------- the baseline
 
-def _packages(pipe: Pipeline, engine: RayEngine) -> _Packages:
-    if not hasattr(engine, "packages"):
-        engine.packages = _Packages(pipe, engine)  # type: ignore[attr-defined]
-    return engine.packages  # type: ignore[attr-defined,no-any-return]
+    def measure_baseline(self, baseline: Variant) -> VariantEntry:
+        """Time the baseline on every measuring node (speed-ups compare one node's measurements);
+        accuracy and the reference outputs come from the first."""
+        t0 = time.perf_counter()
+        ref = self.put("baseline", pack(baseline, self.host.save_artifact(baseline)))
+        tasks = [
+            self.cluster.submit_measure(
+                self.recipe_json, ref, self.context(), self.gpus(True), node=n["NodeID"], accuracy=i == 0
+            )
+            for i, n in enumerate(self.cluster.nodes)
+        ]
+        results = [self.cluster.get(r) for r in tasks]
+        (first, lost), others = results[0], results[1:]
+        if lost is not None:
+            return self.host.failed(baseline, t0, f"measuring failed: {lost}")
+        self.host.set_reference(first.pop("_baseline_outputs"), first["accuracy"] or {})
+        for out, why in others:
+            if why is not None:
+                log.warning("the baseline could not be timed on one node: %s", why)
+                continue
+            first["latency"] += out["latency"]
+        return self.host.record(baseline, t0, None, first)
 
+    # ---------------------------------------------------------------- steps
 
-def measure_baseline(pipe: Pipeline, engine: RayEngine, baseline: Variant) -> dict[str, Any]:
-    """Time the baseline on every measuring node (speed-ups compare one node's measurements);
-    accuracy and the reference outputs come from the first."""
-    assert pipe.store is not None
-    t0 = time.perf_counter()
-    files = pipe.store.save_artifact(baseline, pipe.example)
-    ref = _packages(pipe, engine).put("baseline", pack(baseline, files))
-    gpus = _gpus(pipe, True)
-    tasks = [
-        engine.submit_measure(
-            _recipe_json(pipe), ref, _context(pipe), gpus, node=n["NodeID"], accuracy=i == 0
-        )
-        for i, n in enumerate(engine.nodes)
-    ]
-    results = [engine.get(r) for r in tasks]
-    (first, lost), others = results[0], results[1:]
-    if lost is not None:
-        assert pipe.recorder is not None
-        return pipe.recorder.failed(baseline, t0, f"measuring failed: {lost}")
-    pipe.measurer.baseline_outputs = first.pop("_baseline_outputs")
-    pipe.measurer.baseline_accuracy = first["accuracy"] or {}
-    for out, why in others:
-        if why is not None:
-            log.warning("the baseline could not be timed on one node: %s", why)
-            continue
-        first["latency"] += out["latency"]
-    return pipe.record(baseline, t0, None, first)
+    def run(self, jobs: list[Job]) -> list[VariantEntry]:
+        """Build and measure ``jobs`` on the cluster, respecting their lineage; their entries in order."""
+        return _Batch(self, jobs).run()
 
 
-def run_jobs(pipe: Pipeline, engine: RayEngine, jobs: list[Job]) -> list[dict[str, Any]]:
-    """Build and measure ``jobs`` on the cluster, respecting their lineage; their entries in order."""
-    assert pipe.store is not None and pipe.recorder is not None
-    packages = _packages(pipe, engine)
-    recipe_json = _recipe_json(pipe)
-    waiting = list(jobs)
-    names = {j.name for j in jobs}
-    entries: dict[str, dict[str, Any]] = {}
-    sizes: dict[str, dict[str, Any]] = {}
-    builds: dict[Any, tuple[Job, float]] = {}
-    measures: dict[Any, tuple[Job, Variant, float, Counter[str], str]] = {}
+@dataclass
+class _Batch:
+    """The steps of one ``run_steps`` call: waiting, building, measuring, done."""
 
-    def parent_of(job: Job) -> dict[str, Any] | None:
-        entry = pipe.entry(job.parent)
-        return entry or ({"name": job.parent, "size": sizes[job.parent]} if job.parent in sizes else None)
+    schedule: Schedule
+    jobs: list[Job]
+    waiting: list[Job] = field(default_factory=list)
+    building: dict[Any, Building] = field(default_factory=dict)
+    measuring: dict[Any, Measuring] = field(default_factory=dict)
+    done: dict[str, VariantEntry] = field(default_factory=dict)
 
-    def submit_ready() -> None:
-        for job in list(waiting):
-            if engine.max_parallel is not None and len(builds) >= engine.max_parallel:
+    def __post_init__(self) -> None:
+        self.waiting = list(self.jobs)
+        self.names = {j.name for j in self.jobs}
+        self.host = self.schedule.host
+        self.cluster = self.schedule.cluster
+        self.sizes: dict[str, SizeEntry] = {}  # built here, measured later: children's MACs need them
+
+    def run(self) -> list[VariantEntry]:
+        try:
+            self.submit_ready()
+            while self.building or self.measuring or self.waiting:
+                if not self.building and not self.measuring:
+                    self.submit_ready()
+                    if not self.building and not self.measuring:
+                        self.give_up_waiting()
+                    continue
+                ready, _ = self.cluster.wait([*self.building, *self.measuring])
+                for ref in ready:
+                    if ref in self.building:
+                        self.built(ref, self.building.pop(ref))
+                    else:
+                        self.measured(ref, self.measuring.pop(ref))
+                self.submit_ready()
+        except KeyboardInterrupt:
+            self.cluster.cancel([*self.building, *self.measuring])
+            raise
+        return [self.done[j.name] for j in self.jobs]
+
+    def parent_entry(self, job: Job) -> dict[str, Any] | None:
+        entry = self.host.entry(job.parent)
+        if entry is None and job.parent in self.sizes:
+            return {"name": job.parent, "size": self.sizes[job.parent]}
+        return dict(entry) if entry is not None else None
+
+    def submit_ready(self) -> None:
+        """Submit every waiting step whose parent is built (up to ``max_parallel`` builds)."""
+        for job in list(self.waiting):
+            limit = self.cluster.max_parallel
+            if limit is not None and len(self.building) >= limit:
                 return
-            if job.parent in names and job.parent not in pipe.variants and job.parent not in entries:
+            pending = job.parent in self.names and job.parent not in self.done
+            if pending and job.parent not in self.host.variants:
                 continue  # its parent is still being built
-            waiting.remove(job)
-            source, entry = pipe.prepare(job)
+            self.waiting.remove(job)
+            source, entry = self.host.prepare(job)
             if entry is not None:
-                entries[job.name] = entry
+                self.done[job.name] = entry
                 continue
             assert source is not None
             spec = {
                 "name": job.name,
                 "pass": job.pass_name,
                 "options": job.options,
-                "seed": pipe.recipe.seed + job.index + 1,
+                "seed": self.host.seed(job),
                 "module": PASSES.get(job.pass_name).fn.__module__,
             }
-            ref = engine.submit_build(
-                recipe_json,
+            ref = self.cluster.submit_build(
+                self.schedule.recipe_json,
                 spec,
-                packages.get(job.parent),
-                packages.get("baseline"),
-                _context(pipe),
-                _gpus(pipe, job.pass_name in TRAINING_PASSES),
+                self.schedule.package(job.parent),
+                self.schedule.package("baseline"),
+                self.schedule.context(),
+                self.schedule.gpus(PASSES.has_trait(job.pass_name, "trains")),
             )
-            builds[ref] = (job, time.perf_counter())
+            self.building[ref] = Building(job, time.perf_counter())
 
-    def built(ref: Any) -> None:
-        job, t0 = builds.pop(ref)
-        out, lost = engine.get(ref)
+    def give_up_waiting(self) -> None:
+        """Nothing can start any more (their sources failed): record why."""
+        for job in list(self.waiting):
+            self.waiting.remove(job)
+            _, entry = self.host.prepare(job)
+            if entry is None:
+                entry = self.host.failed(self.host.stub(job), time.perf_counter(), "not built")
+            self.done[job.name] = entry
+
+    def built(self, ref: Any, b: Building) -> None:
+        out, lost = self.cluster.get(ref)
         warns = Counter(out.get("warnings", {}) if out else {})
         if lost is not None or "error" in out:
-            entries[job.name] = pipe.recorder.failed(pipe.stub(job), t0, lost or out["error"], warns)
+            why = lost or out["error"]
+            self.done[b.job.name] = self.host.failed(self.host.stub(b.job), b.t0, why, warns)
             return
-        assert pipe.store is not None
-        v = unpack(out["package"], pipe.store.variant_dir(job.name))
-        pipe.variants[job.name] = v  # its children may start now
-        sizes[job.name] = pipe.measurer.size(v, pipe.store.files_of(v), parent_of(job))
-        mref = engine.submit_measure(
-            recipe_json,
-            packages.put(job.name, out["package"]),
-            {
-                **_context(pipe),
-                "baseline_outputs": pipe.measurer.baseline_outputs,
-                "baseline_accuracy": pipe.measurer.baseline_accuracy,
-            },
-            _gpus(pipe, any(d.startswith("cuda") for d in pipe.devices)),
+        v = unpack(out["package"], self.host.variant_dir(b.job.name))
+        self.host.add_built(v)  # its children may start now
+        size = self.host.measurer.size(v, self.host.files_of(v), self.parent_entry(b.job))
+        self.sizes[b.job.name] = size
+        context = self.schedule.context(
+            baseline_outputs=self.host.baseline_outputs, baseline_accuracy=self.host.baseline_accuracy
         )
-        measures[mref] = (job, v, t0, warns, out["node"])
-        sizes[job.name]["_build_s"] = round(out["seconds"], 3)
+        mref = self.cluster.submit_measure(
+            self.schedule.recipe_json,
+            self.schedule.put(b.job.name, out["package"]),
+            context,
+            self.schedule.gpus(True),
+        )
+        self.measuring[mref] = Measuring(b.job, v, b.t0, warns, out["node"], size, round(out["seconds"], 3))
 
-    def measured(ref: Any) -> None:
-        job, v, t0, warns, node = measures.pop(ref)
-        figures, lost = engine.get(ref)
+    def measured(self, ref: Any, m: Measuring) -> None:
+        figures, lost = self.cluster.get(ref)
         if lost is not None:
-            pipe.variants.pop(job.name, None)
-            entries[job.name] = pipe.recorder.failed(v, t0, f"measuring failed: {lost}", warns)
+            self.done[m.job.name] = self.host.failed(m.variant, m.t0, f"measuring failed: {lost}", m.warns)
             return
-        size = sizes[job.name]
-        figures.update({"size": size, "built_on": node, "build_s": size.pop("_build_s", None)})
-        entries[job.name] = pipe.record(v, t0, warns, figures)
-
-    try:
-        submit_ready()
-        while builds or measures or waiting:
-            if not builds and not measures:
-                submit_ready()
-                if not builds and not measures and waiting:  # nothing can start: sources failed
-                    for job in list(waiting):
-                        waiting.remove(job)
-                        _, entry = pipe.prepare(job)
-                        entries[job.name] = entry or pipe.recorder.failed(
-                            pipe.stub(job), time.perf_counter(), "not built"
-                        )
-                continue
-            ready, _ = engine.wait([*builds, *measures])
-            for ref in ready:
-                if ref in builds:
-                    built(ref)
-                else:
-                    measured(ref)
-            submit_ready()
-    except KeyboardInterrupt:
-        engine.cancel([*builds, *measures])
-        raise
-    return [entries[j.name] for j in jobs]
+        figures.update({"size": m.size, "built_on": m.node, "build_s": m.build_s})
+        self.done[m.job.name] = self.host.record(m.variant, m.t0, m.warns, figures)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from torch import nn
 
@@ -46,4 +47,17 @@ def match_modules(model: nn.Module, patterns: list[str], field: str = "pattern")
                 hint=f"module names look like: {shown}",
             )
         out += [h for h in hits if h not in out]
+    return out
+
+
+Backend = Literal["x86", "fbgemm", "onednn", "qnnpack"]
+
+
+def module_types(names: list[str]) -> list[type[nn.Module]]:
+    out = []
+    for name in names:
+        tp = getattr(nn, name, None)
+        if not (isinstance(tp, type) and issubclass(tp, nn.Module)):
+            raise PassError(f"{name!r} is not a torch.nn module type", hint="e.g. Linear, Conv2d, LSTM")
+        out.append(tp)
     return out

@@ -253,7 +253,10 @@ def export_example(example: Any, opts: OnnxOptions) -> Any:
     return repeat_batch(example, 2) if opts.dynamic_batch and batch_size(example) == 1 else example
 
 
-@register_pass("export.onnx", OnnxOptions)
+NAME = "export.onnx"
+
+
+@register_pass(NAME, OnnxOptions, traits={"exports"})
 def export_onnx_pass(model: nn.Module | None, ctx: PassContext, opts: OnnxOptions) -> Variant:
     """Export to ONNX, check it with onnx.checker and compare with PyTorch in onnxruntime."""
     parent = ctx.parent

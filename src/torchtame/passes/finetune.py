@@ -37,7 +37,15 @@ def train_with(model: nn.Module, ctx: PassContext, opts: TrainOptions, descripti
     )
 
 
-@register_pass("finetune", FinetuneOptions)
+NAME = "finetune"
+
+
+@register_pass(
+    NAME,
+    FinetuneOptions,
+    traits={"trains", "same_architecture"},
+    hints={"fidelity": "lower `lr` or train longer; check the train split"},
+)
 def finetune(model: nn.Module | None, ctx: PassContext, opts: FinetuneOptions) -> Variant:
     """Fine-tune a float variant: cross-entropy on labels, or distillation from the baseline."""
     assert model is not None

@@ -103,7 +103,18 @@ def preprocess(source: Path, out: Path) -> Path:
     return out
 
 
-@register_pass("quantize.onnx", OnnxQuantOptions)
+NAME = "quantize.onnx"
+
+
+@register_pass(
+    NAME,
+    OnnxQuantOptions,
+    traits={"quantizes"},
+    hints={
+        "fidelity": "try `calibration_method: Percentile` or `Entropy`, `per_channel: true`, or "
+        "`nodes_to_exclude`",
+    },
+)
 def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOptions) -> Variant:
     """int8 quantization of an ONNX model with onnxruntime.quantization (static or dynamic)."""
     from onnxruntime import quantization as oq

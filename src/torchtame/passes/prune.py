@@ -235,7 +235,19 @@ def _all_outputs_sum(out: Any) -> torch.Tensor:
     return sum(t.float().sum() for _, t in output_items(out))  # type: ignore[return-value]
 
 
-@register_pass("prune.structured", PruneOptions)
+NAME = "prune.structured"
+
+
+@register_pass(
+    NAME,
+    PruneOptions,
+    traits={"prunes", "trains"},
+    hints={
+        "slower": "prune more, or `round_to: 8` so the remaining widths suit the kernels",
+        "fidelity": "fine-tune after pruning (a `finetune` step; `loss: distill` needs no labels), or prune "
+        "less (`ratio`, `layer_ratios`)",
+    },
+)
 def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptions) -> Variant:
     """Remove whole channels ranked by an importance criterion (torch-pruning)."""
     import torch_pruning as tp

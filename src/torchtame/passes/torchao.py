@@ -79,7 +79,18 @@ def make_picklable(model: nn.Module) -> nn.Module:
     return model
 
 
-@register_pass("quantize.torchao", TorchaoOptions)
+NAME = "quantize.torchao"
+
+
+@register_pass(
+    NAME,
+    TorchaoOptions,
+    traits={"quantizes", "trains"},
+    hints={
+        "slower": "torchao int8 is fast once compiled and at larger batches; try quantize.static or "
+        "quantize.onnx",
+    },
+)
 def quantize_torchao(model: nn.Module | None, ctx: PassContext, opts: TorchaoOptions) -> Variant:
     """torchao int8 dynamic / int8 weight-only / int4 weight-only / float8 on Linear layers."""
     assert model is not None

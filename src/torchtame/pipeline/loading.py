@@ -55,6 +55,7 @@ def load_inputs(recipe: Recipe, devices: list[str], progress: Progress) -> Loade
     task = resolve_task(recipe, data, select_output(out, output))
     model_info: dict[str, Any] = {
         "class": type(model).__name__,
+        "module": type(model).__module__,
         "input_shape": list(first_tensor(example).shape),
         "inputs": describe(example),
         "outputs": [f"{n}: {list(t.shape)}" for n, t in output_items(out)],

@@ -13,7 +13,6 @@ from typing import Any
 
 from .._warnings import caught
 from ..errors import TorchtameError, first_line
-from ..evaluate.health import Thresholds
 from ..evaluate.health import check as check_health
 from ..evaluate.health import summary as health_summary
 from ..recipe import Recipe
@@ -33,15 +32,7 @@ class Recorder:
         self.recipe = recipe
         self.task = "classification"
         self.warnings: Counter[str] = Counter()
-        cfg = recipe.evaluate.health
-        self.thresholds = Thresholds(
-            cfg.min_cosine,
-            cfg.min_agreement,
-            cfg.slower_tolerance,
-            cfg.warn_cosine,
-            cfg.warn_agreement,
-            cfg.warn_accuracy_drop,
-        )
+        self.thresholds = recipe.evaluate.health
 
     def resumed(self, entry: dict[str, Any]) -> dict[str, Any]:
         log.info("resumed: %s was finished by the earlier run", entry["name"])

@@ -21,24 +21,6 @@ from ..progress import NullProgress, Progress
 from ..variant import Variant
 from .measure import Measurer, _copy, packs_per_shape
 
-
-def retime_run(pipeline: Any) -> None:
-    """The pipeline's side-by-side rounds (``evaluate.latency.rounds`` > 1, local engine)."""
-    lat = pipeline.recipe.evaluate.latency
-    if pipeline.engine is not None or not lat.enabled or lat.rounds < 2:
-        return
-    n = retime(
-        pipeline.variants,
-        pipeline.results["variants"],
-        pipeline.measurer,
-        lat.rounds,
-        pipeline.recipe.seed,
-        pipeline.progress,
-    )
-    pipeline.results["settings"]["latency_rounds"] = lat.rounds if n else 1
-    pipeline.store.save()
-
-
 STATS = ("runs", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "min_ms", "stdev_ms", "throughput")
 
 

@@ -13,7 +13,7 @@ from ..errors import first_line
 from ..evaluate.accuracy import predict, top1_accuracy
 from ..inputs import as_args, call, output_items
 from ..passes.prune import default_head, make_importance
-from ..passes.quantize import StaticOptions, build_qconfig, calibrate_loader
+from ..passes.static.fx import StaticOptions, build_qconfig, calibrate_loader
 from ..progress import NullProgress, Progress
 from ..runtime import check_backend, quantized_engine
 

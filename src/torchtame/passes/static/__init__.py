@@ -17,17 +17,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PassError, first_line
-from ..evaluate.graph import WEIGHT_MODULES, inspect_fx, inspect_pt2e
-from ..evaluate.latency import measure_latency
-from ..inputs import call, select_output
-from ..onnx_runtime import compare_outputs
-from ..registry import register_pass
-from ..runtime import check_backend, compiled, quantized_engine
-from ..variant import PassContext, Variant
-from ._select import match_modules, require_float
+from ...errors import PassError, first_line
+from ...evaluate.graph import WEIGHT_MODULES, inspect_fx, inspect_pt2e
+from ...evaluate.latency import measure_latency
+from ...inputs import call, select_output
+from ...onnx_runtime import compare_outputs
+from ...registry import register_pass
+from ...runtime import check_backend, compiled, quantized_engine
+from ...variant import PassContext, Variant
+from .._select import match_modules, module_types, require_float
+from .fx import StaticOptions, calibrate, static_eager, static_fx
 from .pt2e import quantize_pt2e
-from .quantize import StaticOptions, calibrate, module_types, static_eager, static_fx
 
 log = logging.getLogger("torchtame")
 
@@ -183,7 +183,28 @@ def choose(
     return built[chosen], chosen, {"chosen": chosen, "reason": reason, "trials": trials}
 
 
-@register_pass("quantize.static", StaticOptions)
+NAME = "quantize.static"
+
+
+def _slower_hint(entry: dict[str, Any]) -> str:
+    if (entry.get("info") or {}).get("mode") == "fx":
+        return (
+            "try `mode: pt2e` (compiled by Inductor) or quantize.onnx; at batch 1 int8 overhead can "
+            "exceed the gain"
+        )
+    return "try `mode: fx` or quantize.onnx; compiled int8 pays off at larger batches"
+
+
+@register_pass(
+    NAME,
+    StaticOptions,
+    traits={"quantizes"},
+    hints={
+        "slower": _slower_hint,
+        "fidelity": "keep the most sensitive layers float (`strategy: search` ranks them; `keep_float: "
+        "[...]`), try `mode: pt2e`, or quantize.onnx with `calibration_method: Percentile`",
+    },
+)
 def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
     """Static int8 post-training quantization calibrated on the calibration split."""
     assert model is not None

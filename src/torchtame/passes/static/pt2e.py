@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PassError, first_line
-from ..inputs import as_args, batch_size, repeat_batch, tensors
-from ..optional import require
+from ...errors import PassError, first_line
+from ...inputs import as_args, batch_size, repeat_batch, tensors
+from ...optional import require
 
 log = logging.getLogger("torchtame")
 
