@@ -33,7 +33,7 @@ from .passes.onnx_quant import OnnxQuantOptions
 from .passes.prune import PruneOptions
 from .passes.static.fx import StaticOptions
 from .recipe_errors import format_errors
-from .registry import DATA_SOURCES, MODEL_SOURCES, PASSES
+from .registry import DATA_SOURCES, ENGINES, MODEL_SOURCES, PASSES
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -222,7 +222,7 @@ class SearchConfig(Strict):
 class ExecutionConfig(Strict):
     """Where the work runs: here (local), or as tasks on a Ray cluster."""
 
-    engine: Literal["local", "ray"] = "local"
+    engine: str = Field("local", description="A registered execution engine: local (here) or ray.")
     address: str | None = Field(
         None,
         description="ray: null starts a local Ray instance for the run; `auto` joins the running cluster; "
@@ -233,6 +233,13 @@ class ExecutionConfig(Strict):
     exclusive_measure: bool = Field(
         True, description="ray: a measurement holds all of its node's CPUs, so nothing runs beside it."
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in ENGINES.names():
+            raise ValueError(f"{value!r} is not an execution engine; allowed: {', '.join(ENGINES.names())}")
+        return value
 
 
 class Recipe(Strict):

@@ -91,20 +91,8 @@ def train(
     Runs ``epochs`` passes over ``loader`` or exactly ``steps`` optimizer steps (cycling the loader).
     The model is left in eval mode on the CPU.
     """
-    if loader is None:
-        need = "data" if distill is not None else "labelled data"
-        raise DataError(
-            f"training needs {need}, but the data source has no train split",
-            hint="use a data source with labels (digits, imagefolder) and a `split.train` > 0"
-            if distill is None
-            else "use a data source with a `split.train` > 0",
-        )
-    if distill is None and not use_labels:
-        raise DataError(
-            "training with cross-entropy needs labels, but they are withheld from the optimizer "
-            "(`data.labels: report_only`) or absent",
-            hint="use `loss: distill` (learns from the baseline's outputs, no labels needed)",
-        )
+    _check_trainable(loader, distill, use_labels)
+    assert loader is not None
     torch.manual_seed(seed)
     # A loader of our own, so the shuffle order depends on ``seed`` alone, not on earlier use.
     loader = DataLoader(
@@ -119,8 +107,8 @@ def train(
     opt = make_optimizer(model, optimizer, lr, weight_decay)
     total = steps if steps is not None else (epochs or 1) * len(loader)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
-    ce = nn.CrossEntropyLoss()
     with_labels = use_labels and (distill is None or distill.alpha > 0)
+    objective = _Objective(model, teacher, distill, output, with_labels)
     epoch_losses: list[float] = []
     done = 0
     with progress.task(description, total=total) as task:
@@ -130,26 +118,8 @@ def train(
                 if done >= total:
                     break
                 x, y = prepare(x, device), y.to(device)
-                if with_labels and (y < 0).any():
-                    raise DataError(
-                        "training needs labels, but the data has label -1 (unlabelled)",
-                        hint="use `loss: distill` with `alpha: 0` (no labels needed)",
-                    )
                 opt.zero_grad(set_to_none=True)
-                out = select_output(call(model, x), output)
-                if distill is None:
-                    loss = ce(out, y)
-                else:
-                    with torch.no_grad():
-                        target = select_output(call(teacher, x), output)
-                    loss = distill.loss(out, target)
-                    if with_labels:
-                        loss = distill.alpha * ce(out, y) + (1 - distill.alpha) * loss
-                if not torch.isfinite(loss):
-                    raise DataError(
-                        f"training diverged (loss {loss.item()}) after {done} steps",
-                        hint="lower the learning rate, or check the data for NaN",
-                    )
+                loss = objective(x, y, done)
                 loss.backward()
                 opt.step()
                 sched.step()
@@ -167,6 +137,63 @@ def train(
         "epoch_losses": [round(v, 5) for v in epoch_losses],
         "loss": "distill" if distill is not None else "cross-entropy",
     }
+
+
+def _check_trainable(loader: DataLoader | None, distill: Distill | None, use_labels: bool) -> None:
+    """Training needs a train split, and labels unless it distils."""
+    if loader is None:
+        need = "data" if distill is not None else "labelled data"
+        raise DataError(
+            f"training needs {need}, but the data source has no train split",
+            hint="use a data source with labels (digits, imagefolder) and a `split.train` > 0"
+            if distill is None
+            else "use a data source with a `split.train` > 0",
+        )
+    if distill is None and not use_labels:
+        raise DataError(
+            "training with cross-entropy needs labels, but they are withheld from the optimizer "
+            "(`data.labels: report_only`) or absent",
+            hint="use `loss: distill` (learns from the baseline's outputs, no labels needed)",
+        )
+
+
+class _Objective:
+    """The loss of one batch: cross-entropy on labels, distillation from the teacher, or their mix."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        teacher: nn.Module | None,
+        distill: Distill | None,
+        output: str | int | None,
+        with_labels: bool,
+    ) -> None:
+        self.model, self.teacher, self.distill, self.output = model, teacher, distill, output
+        self.with_labels = with_labels
+        self.ce = nn.CrossEntropyLoss()
+
+    def __call__(self, x: Any, y: torch.Tensor, done: int) -> torch.Tensor:
+        if self.with_labels and (y < 0).any():
+            raise DataError(
+                "training needs labels, but the data has label -1 (unlabelled)",
+                hint="use `loss: distill` with `alpha: 0` (no labels needed)",
+            )
+        out = select_output(call(self.model, x), self.output)
+        if self.distill is None:
+            loss = self.ce(out, y)
+        else:
+            assert self.teacher is not None
+            with torch.no_grad():
+                target = select_output(call(self.teacher, x), self.output)
+            loss = self.distill.loss(out, target)
+            if self.with_labels:
+                loss = self.distill.alpha * self.ce(out, y) + (1 - self.distill.alpha) * loss
+        if not torch.isfinite(loss):
+            raise DataError(
+                f"training diverged (loss {loss.item()}) after {done} steps",
+                hint="lower the learning rate, or check the data for NaN",
+            )
+        return loss
 
 
 def train_with_options(

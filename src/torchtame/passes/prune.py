@@ -37,6 +37,21 @@ class Target(Strict):
             raise ValueError("set exactly one of `macs` or `params`")
         return self
 
+    @property
+    def what(self) -> str:
+        return "MACs" if self.macs is not None else "params"
+
+    @property
+    def goal(self) -> float:
+        return self.macs if self.macs is not None else self.params  # type: ignore[return-value]
+
+    def fraction(self, macs: int, params: int, base: tuple[int, int]) -> float:
+        """The fraction of the baseline's MACs or params that ``macs``/``params`` keep."""
+        return macs / base[0] if self.macs is not None else params / base[1]
+
+    def reached(self, macs: int, params: int, base: tuple[int, int]) -> bool:
+        return self.fraction(macs, params, base) <= self.goal + 1e-9
+
 
 class FinetuneBetween(TrainOptions):
     """Training between iterative pruning steps (default: one epoch)."""
@@ -250,14 +265,58 @@ NAME = "prune.structured"
 )
 def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptions) -> Variant:
     """Remove whole channels ranked by an importance criterion (torch-pruning)."""
-    import torch_pruning as tp
-
     assert model is not None
-    require_float(ctx, "prune.structured", "prune first, then quantize (`from:` the pruned variant)")
+    require_float(ctx, NAME, "prune first, then quantize (`from:` the pruned variant)")
     model = model.float().eval()
     example = ctx.example_input
+    plan = _plan(model, ctx, opts)
+    before_channels = channel_counts(model)
+    base = count_macs_params(model, example)
+    pruner, steps = _pruner(model, example, opts, plan)
+    history = _prune_steps(model, ctx, opts, pruner, steps, base)
+    model.eval()
+    heads = _update_heads(plan.attention, pruner)
+    _check_runs(model, example)
+    macs, params = count_macs_params(model, example)
+    if opts.target is not None and not opts.target.reached(macs, params, base):
+        raise PassError(
+            f"pruning reached {opts.target.fraction(macs, params, base):.1%} of the baseline "
+            f"{opts.target.what}, not the target {opts.target.goal:.0%}",
+            hint="raise `max_layer_ratio`, or prune fewer ignored layers",
+        )
+    after = channel_counts(model)
+    return ctx.variant(
+        model,
+        info={
+            "importance": opts.importance,
+            "ratio": opts.ratio,
+            "ignored_layers": plan.names,
+            "macs_fraction": round(macs / base[0], 4),
+            "params_fraction": round(params / base[1], 4),
+            "steps": history,
+            "channels": {n: [before_channels[n], after[n]] for n in before_channels if n in after},
+            **({"attention_heads": heads} if heads else {}),
+            **({"heads_kept_whole": plan.attention.fixed} if plan.attention.fixed else {}),
+            **({"recurrent_kept_whole": plan.recurrent} if plan.recurrent else {}),
+        },
+    )
+
+
+@dataclass
+class Plan:
+    """What is pruned: the layers left whole (by name, and every module kept), the attention
+    layout, and the per-layer ratios."""
+
+    names: list[str]
+    ignored: list[nn.Module]
+    recurrent: list[str]
+    attention: Attention
+    ratio_dict: dict[nn.Module, float]
+
+
+def _plan(model: nn.Module, ctx: PassContext, opts: PruneOptions) -> Plan:
     names = (
-        default_head(model, example, ctx.output)
+        default_head(model, ctx.example_input, ctx.output)
         if opts.ignored_layers is None
         else match_modules(model, opts.ignored_layers, "ignored_layers")
     )
@@ -282,8 +341,13 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
         for pattern, r in opts.layer_ratios.items()
         for n in match_modules(model, [pattern], "layer_ratios")
     }
-    before_channels = channel_counts(model)
-    base_macs, base_params = count_macs_params(model, example)
+    return Plan(names, ignored, recurrent, attention, ratio_dict)
+
+
+def _pruner(model: nn.Module, example: Any, opts: PruneOptions, plan: Plan) -> tuple[Any, int]:
+    """torch-pruning's pruner and how many steps it takes (a target prunes in small steps until
+    it is reached)."""
+    import torch_pruning as tp
 
     if opts.target is not None:
         steps, ratio = max(opts.iterative_steps, 20), opts.max_layer_ratio
@@ -296,20 +360,26 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
             importance=make_importance(opts.importance),
             global_pruning=opts.global_pruning,
             pruning_ratio=ratio,
-            pruning_ratio_dict=ratio_dict or None,
+            pruning_ratio_dict=plan.ratio_dict or None,
             max_pruning_ratio=opts.max_layer_ratio,
             iterative_steps=steps,
-            ignored_layers=ignored,
+            ignored_layers=plan.ignored,
             round_to=opts.round_to,
             output_transform=_all_outputs_sum,
-            **_head_options(attention, opts, ratio),
+            **_head_options(plan.attention, opts, ratio),
         )
     except Exception as exc:
         raise PassError(
             f"torch-pruning cannot build a dependency graph of this model: {str(exc)[:200]}",
             hint="add the layer it names to `ignored_layers`",
         ) from exc
+    return pruner, steps
 
+
+def _prune_steps(
+    model: nn.Module, ctx: PassContext, opts: PruneOptions, pruner: Any, steps: int, base: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """The pruning steps (fine-tuned between, where asked); stops once the target is reached."""
     history = []
     with ctx.progress.task(f"prune ({opts.importance})", total=steps) as task:
         for step in range(steps):
@@ -325,44 +395,13 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
                     hint="add the layer it names to `ignored_layers`",
                 ) from exc
             model.zero_grad(set_to_none=True)
-            macs, params = count_macs_params(model, example)
+            macs, params = count_macs_params(model, ctx.example_input)
             history.append({"step": step + 1, "macs": macs, "params": params})
             task.advance(1)
             if opts.finetune_between is not None and step + 1 < steps:
                 train_with(
                     model, ctx, opts.finetune_between, f"fine-tune between steps {step + 1}", ctx.seed + step
                 )
-            if opts.target is not None:
-                frac = macs / base_macs if opts.target.macs is not None else params / base_params
-                goal = opts.target.macs if opts.target.macs is not None else opts.target.params
-                if frac <= goal:
-                    break
-    model.eval()
-    heads = _update_heads(attention, pruner)
-    _check_runs(model, example)
-    macs, params = count_macs_params(model, example)
-    if opts.target is not None:
-        goal = opts.target.macs if opts.target.macs is not None else opts.target.params
-        frac = macs / base_macs if opts.target.macs is not None else params / base_params
-        if frac > goal + 1e-9:
-            raise PassError(
-                f"pruning reached {frac:.1%} of the baseline "
-                f"{'MACs' if opts.target.macs is not None else 'params'}, not the target {goal:.0%}",
-                hint="raise `max_layer_ratio`, or prune fewer ignored layers",
-            )
-    after = channel_counts(model)
-    return ctx.variant(
-        model,
-        info={
-            "importance": opts.importance,
-            "ratio": opts.ratio,
-            "ignored_layers": names,
-            "macs_fraction": round(macs / base_macs, 4),
-            "params_fraction": round(params / base_params, 4),
-            "steps": history,
-            "channels": {n: [before_channels[n], after[n]] for n in before_channels if n in after},
-            **({"attention_heads": heads} if heads else {}),
-            **({"heads_kept_whole": attention.fixed} if attention.fixed else {}),
-            **({"recurrent_kept_whole": recurrent} if recurrent else {}),
-        },
-    )
+            if opts.target is not None and opts.target.reached(macs, params, base):
+                break
+    return history

@@ -1,5 +1,5 @@
-"""Build one variant from a pass: the one step executor the pipeline, the search (through the
-pipeline's ``run_step``) and :func:`apply_pass` share."""
+"""Build one variant from a pass: :func:`build_step` is the one step build that the engines (for
+the pipeline and the search) and :func:`apply_pass` share."""
 
 from __future__ import annotations
 
@@ -54,45 +54,6 @@ class StepInputs:
     task: str = "auto"
 
 
-def execute_pass(
-    name: str,
-    pass_name: str,
-    parent: Variant,
-    options: Any,
-    inputs: StepInputs,
-    seed: int,
-    work_dir: Path,
-    warns: Counter[str] | None = None,
-) -> Variant:
-    """Apply a registered pass to a copy of ``parent`` and name the result ``name``.
-
-    Library warnings are counted into ``warns``. Errors propagate: :func:`build_step` records
-    them, :func:`apply_pass` raises them.
-    """
-    entry = PASSES.get(pass_name)
-    seed_everything(seed)
-    ctx = PassContext(
-        parent=parent,
-        data=inputs.data,
-        example_input=inputs.example,
-        seed=seed,
-        work_dir=work_dir,
-        devices=inputs.devices,
-        baseline=inputs.variants.get("baseline", parent),
-        variants=inputs.variants,
-        progress=inputs.progress,
-        output=inputs.output,
-        task=inputs.task,
-    )
-    with caught(pass_name, warns if warns is not None else Counter()):
-        model = clone_module(parent.module) if parent.module is not None else None
-        made = entry.fn(model, ctx, options)
-    made.name = name
-    made.pass_name, made.parent, made.lineage = pass_name, parent.name, [*parent.lineage, name]
-    made.options = options_json(options)
-    return made
-
-
 @dataclass
 class Built:
     """The outcome of one step: a variant, or the error that stopped it."""
@@ -100,6 +61,7 @@ class Built:
     variant: Variant | None
     error: str | None
     warnings: Counter[str]
+    exception: BaseException | None = None
 
 
 def describe_failure(exc: BaseException, pass_name: str) -> str:
@@ -118,13 +80,37 @@ def describe_failure(exc: BaseException, pass_name: str) -> str:
 def build_step(
     name: str, pass_name: str, parent: Variant, options: Any, inputs: StepInputs, seed: int, work_dir: Path
 ) -> Built:
-    """:func:`execute_pass`, with every failure (but Ctrl-C) turned into a recorded error."""
+    """Apply the registered pass ``pass_name`` to a copy of ``parent`` and name the result ``name``.
+
+    Library warnings are counted into the result; every failure but Ctrl-C is returned as its
+    message (what results.json records) and the exception (what :func:`apply_pass` raises).
+    """
     inputs.progress.status(f"{name}: {pass_name}")
     warns: Counter[str] = Counter()
     try:
-        made = execute_pass(name, pass_name, parent, options, inputs, seed, work_dir, warns)
+        entry = PASSES.get(pass_name)
+        seed_everything(seed)
+        ctx = PassContext(
+            parent=parent,
+            data=inputs.data,
+            example_input=inputs.example,
+            seed=seed,
+            work_dir=work_dir,
+            devices=inputs.devices,
+            baseline=inputs.variants.get("baseline", parent),
+            variants=inputs.variants,
+            progress=inputs.progress,
+            output=inputs.output,
+            task=inputs.task,
+        )
+        with caught(pass_name, warns):
+            model = clone_module(parent.module) if parent.module is not None else None
+            made = entry.fn(model, ctx, options)
     except Exception as exc:
-        return Built(None, describe_failure(exc, pass_name), warns)
+        return Built(None, describe_failure(exc, pass_name), warns, exc)
+    made.name = name
+    made.pass_name, made.parent, made.lineage = pass_name, parent.name, [*parent.lineage, name]
+    made.options = options_json(options)
     return Built(made, None, warns)
 
 
@@ -173,7 +159,11 @@ def apply_pass(
         output=output,
         task=task,
     )
-    return execute_pass(name, name, parent, opts, inputs, seed, work)
+    built = build_step(name, name, parent, opts, inputs, seed, work)
+    if built.exception is not None:
+        raise built.exception
+    assert built.variant is not None
+    return built.variant
 
 
-__all__ = ["Built", "Job", "StepInputs", "apply_pass", "build_step", "execute_pass"]
+__all__ = ["Built", "Job", "StepInputs", "apply_pass", "build_step"]

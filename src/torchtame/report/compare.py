@@ -38,46 +38,62 @@ def setting_differences(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None = None) -> str:
+    """Several runs side by side, as ``table`` (printed to ``console`` where given), ``json``,
+    ``md`` or ``html``; differences in their settings are noted."""
     runs = [load_results(p) for p in paths]
     labels = [_label(r, p) for r, p in zip(runs, paths, strict=True)]
     all_rows = [(label, row) for label, r in zip(labels, runs, strict=True) for row in rows_from_results(r)]
-    keys = latency_keys([row for _, row in all_rows])
     notes = setting_differences(runs)
     if fmt == "json":
-        data = {
-            "runs": labels,
-            "differences": notes,
-            "variants": [
-                {
-                    "run": label,
-                    "name": row.name,
-                    "status": row.status,
-                    "top1": row.top1,
-                    "top1_drop": row.top1_drop,
-                    "agreement": row.agreement,
-                    "cosine": row.cosine,
-                    "headline": dict(zip(("metric", "value"), row.headline, strict=True)),
-                    "health": row.health,
-                    "size_bytes": row.size_bytes,
-                    "size_ratio": row.size_ratio,
-                    "params": row.params,
-                    "macs": row.macs,
-                    "latency": [
-                        {
-                            "device": k[0],
-                            "batch_size": k[1],
-                            "p50_ms": m["p50_ms"],
-                            "p90_ms": m["p90_ms"],
-                            "speedup": row.speedup.get(k),
-                            "peak_memory_mb": m.get("peak_memory_mb"),
-                        }
-                        for k, m in row.latency.items()
-                    ],
-                }
-                for label, row in all_rows
-            ],
-        }
-        return json.dumps(data, indent=2)
+        return _json(labels, notes, all_rows)
+    head, body = _cells(all_rows)
+    if fmt == "table":
+        return _table(head, body, notes, len(runs), console)
+    if fmt == "md":
+        return _markdown(head, body, notes, labels)
+    return _html(head, body, notes)
+
+
+def _json(labels: list[str], notes: list[str], all_rows: list[tuple[str, Row]]) -> str:
+    data = {
+        "runs": labels,
+        "differences": notes,
+        "variants": [
+            {
+                "run": label,
+                "name": row.name,
+                "status": row.status,
+                "top1": row.top1,
+                "top1_drop": row.top1_drop,
+                "agreement": row.agreement,
+                "cosine": row.cosine,
+                "headline": dict(zip(("metric", "value"), row.headline, strict=True)),
+                "health": row.health,
+                "size_bytes": row.size_bytes,
+                "size_ratio": row.size_ratio,
+                "params": row.params,
+                "macs": row.macs,
+                "latency": [
+                    {
+                        "device": k[0],
+                        "batch_size": k[1],
+                        "p50_ms": m["p50_ms"],
+                        "p90_ms": m["p90_ms"],
+                        "speedup": row.speedup.get(k),
+                        "peak_memory_mb": m.get("peak_memory_mb"),
+                    }
+                    for k, m in row.latency.items()
+                ],
+            }
+            for label, row in all_rows
+        ],
+    }
+    return json.dumps(data, indent=2)
+
+
+def _cells(all_rows: list[tuple[str, Row]]) -> tuple[list[str], list[list[str]]]:
+    """The header and the cells of every row (the table, Markdown and HTML share them)."""
+    keys = latency_keys([row for _, row in all_rows])
     head = ["run", "variant", "status", *Row.SUMMARY_HEAD]
     # a memory column only where some run measured memory at that setting
     with_memory = {k for k in keys if any(row.memory(k) is not None for _, row in all_rows)}
@@ -94,32 +110,40 @@ def compare_runs(paths: list[Path], fmt: str = "table", console: Console | None 
             if k in with_memory:
                 cells.append(fmt_num(row.memory(k), 1))
         body.append([*cells, row.flags or "-"])
-    if fmt == "table":
-        table = Table(title=f"torchtame compare: {len(runs)} runs")
-        for h in head:
-            left = h in ("run", "variant", "status")
-            table.add_column(
-                h, justify="left" if left else "right", no_wrap=left, min_width=6 if left else None
-            )
-        for cells in body:
-            table.add_row(*cells)
-        if notes:
-            table.caption = "\n".join(notes)
-        if console is not None:
-            console.print(table)
-            return ""
-        from io import StringIO
+    return head, body
 
-        buf = Console(file=StringIO(), width=200)
-        buf.print(table)
-        return buf.file.getvalue()  # type: ignore[attr-defined]
-    if fmt == "md":
-        lines = [f"# torchtame compare: {', '.join(labels)}", ""]
-        lines += [f"> {n}" for n in notes] + ([""] if notes else [])
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
-        lines += ["| " + " | ".join(c) + " |" for c in body]
-        return "\n".join(lines) + "\n"
+
+def _table(
+    head: list[str], body: list[list[str]], notes: list[str], runs: int, console: Console | None
+) -> str:
+    table = Table(title=f"torchtame compare: {runs} runs")
+    for h in head:
+        left = h in ("run", "variant", "status")
+        table.add_column(h, justify="left" if left else "right", no_wrap=left, min_width=6 if left else None)
+    for cells in body:
+        table.add_row(*cells)
+    if notes:
+        table.caption = "\n".join(notes)
+    if console is not None:
+        console.print(table)
+        return ""
+    from io import StringIO
+
+    buf = Console(file=StringIO(), width=200)
+    buf.print(table)
+    return buf.file.getvalue()  # type: ignore[attr-defined]
+
+
+def _markdown(head: list[str], body: list[list[str]], notes: list[str], labels: list[str]) -> str:
+    lines = [f"# torchtame compare: {', '.join(labels)}", ""]
+    lines += [f"> {n}" for n in notes] + ([""] if notes else [])
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    lines += ["| " + " | ".join(c) + " |" for c in body]
+    return "\n".join(lines) + "\n"
+
+
+def _html(head: list[str], body: list[list[str]], notes: list[str]) -> str:
     rows_html = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
     )

@@ -41,81 +41,105 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
 
     rows = [r for r in rows_from_results(results) if r.status == "ok"]
     keys = latency_keys(rows)
-    out: dict[str, str] = {}
-    if keys:
-        key = keys[-1]  # the largest batch on the first device: where the differences show
-        pts = [
-            (r.name, r.latency[key]["p50_ms"], q)
-            for r in rows
-            if key in r.latency and (q := _quality(r)) is not None
-        ]
-        if pts:
-            front = set(pareto_front(pts))
-            fig, ax = plt.subplots(figsize=(6.4, 4.2))
-            for i, (name, lat, acc) in enumerate(sorted(pts, key=lambda p: (p[2], p[1]))):
-                on = name in front
-                ax.scatter(lat, acc, s=60 if on else 30, c="tab:red" if on else "tab:blue", zorder=3)
-                # stagger the labels of neighbouring points so they do not print over each other
-                offset = (5, 6 + 9 * (i % 3)) if i % 2 else (5, -10 - 9 * (i % 3))
-                ax.annotate(name, (lat, acc), textcoords="offset points", xytext=offset, fontsize=7)
-            lats = [p[1] for p in pts]
-            if min(lats) > 0 and max(lats) / min(lats) > 5:
-                ax.set_xscale("log")
-            fr = sorted((p for p in pts if p[0] in front), key=lambda p: p[1])
-            ax.plot([p[1] for p in fr], [p[2] for p in fr], "--", c="tab:red", label="Pareto front")
-            ax.set_xlabel(f"p50 latency (ms), {key[0]}, batch {key[1]}")
-            what = rows[0].headline[0] if rows else "top-1 %"
-            labels = {"top-1 %": "top-1 accuracy (%)", "agreement %": "agreement with baseline (%)"}
-            ax.set_ylabel(labels.get(what, "cosine similarity to baseline"))
-            ax.grid(alpha=0.3)
-            ax.legend(loc="lower right")
-            out["Latency vs accuracy"] = _png(fig)
-    sized = [r for r in rows if r.size_mb is not None]
-    if sized:
-        fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(sized) + 1.2))
-        ax.barh([r.name for r in sized], [r.size_mb for r in sized], color="tab:green")
-        ax.invert_yaxis()
-        ax.set_xlabel("size on disk (MB)")
-        ax.grid(axis="x", alpha=0.3)
-        out["Size per variant"] = _png(fig)
-    mem = [(r.name, r.memory(keys[-1])) for r in rows] if keys else []
-    mem = [(n, v) for n, v in mem if v is not None]
-    if mem:
-        fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(mem) + 1.2))
-        ax.barh([n for n, _ in mem], [v for _, v in mem], color="tab:purple")
-        ax.invert_yaxis()
-        ax.set_xlabel(f"peak inference memory (MiB), {keys[-1][0]}, batch {keys[-1][1]}")
-        ax.grid(axis="x", alpha=0.3)
-        out["Peak memory per variant"] = _png(fig)
-    if keys:
-        fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(rows) + 1.4))
-        width = 0.8 / len(keys)
-        for i, key in enumerate(keys):
-            ys = [r.speedup.get(key, 0.0) for r in rows]
-            ax.barh([j + i * width for j in range(len(rows))], ys, height=width, label=f"{key[0]} b{key[1]}")
-        ax.set_yticks([j + width * (len(keys) - 1) / 2 for j in range(len(rows))], [r.name for r in rows])
-        ax.invert_yaxis()
-        ax.axvline(1.0, c="grey", lw=1)
-        ax.set_xlabel("speed-up vs baseline (p50)")
-        ax.legend(fontsize=8)
-        ax.grid(axis="x", alpha=0.3)
-        out["Speed-up per device"] = _png(fig)
+    made = {
+        "Latency vs accuracy": _pareto(plt, rows, keys),
+        "Size per variant": _sizes(plt, rows),
+        "Peak memory per variant": _memory(plt, rows, keys),
+        "Speed-up per device": _speedups(plt, rows, keys),
+        "Per-layer sensitivity": _sensitivity(plt, results),
+    }
+    return {title: png for title, png in made.items() if png is not None}
+
+
+def _pareto(plt: Any, rows: list[Row], keys: list[tuple[str, int]]) -> str | None:
+    if not keys:
+        return None
+    key = keys[-1]  # the largest batch on the first device: where the differences show
+    pts = [
+        (r.name, r.latency[key]["p50_ms"], q)
+        for r in rows
+        if key in r.latency and (q := _quality(r)) is not None
+    ]
+    if not pts:
+        return None
+    front = set(pareto_front(pts))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (name, lat, acc) in enumerate(sorted(pts, key=lambda p: (p[2], p[1]))):
+        on = name in front
+        ax.scatter(lat, acc, s=60 if on else 30, c="tab:red" if on else "tab:blue", zorder=3)
+        # stagger the labels of neighbouring points so they do not print over each other
+        offset = (5, 6 + 9 * (i % 3)) if i % 2 else (5, -10 - 9 * (i % 3))
+        ax.annotate(name, (lat, acc), textcoords="offset points", xytext=offset, fontsize=7)
+    lats = [p[1] for p in pts]
+    if min(lats) > 0 and max(lats) / min(lats) > 5:
+        ax.set_xscale("log")
+    fr = sorted((p for p in pts if p[0] in front), key=lambda p: p[1])
+    ax.plot([p[1] for p in fr], [p[2] for p in fr], "--", c="tab:red", label="Pareto front")
+    ax.set_xlabel(f"p50 latency (ms), {key[0]}, batch {key[1]}")
+    what = rows[0].headline[0] if rows else "top-1 %"
+    labels = {"top-1 %": "top-1 accuracy (%)", "agreement %": "agreement with baseline (%)"}
+    ax.set_ylabel(labels.get(what, "cosine similarity to baseline"))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _png(fig)
+
+
+def _bars(plt: Any, named: list[tuple[str, float]], color: str, label: str) -> str:
+    fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(named) + 1.2))
+    ax.barh([n for n, _ in named], [v for _, v in named], color=color)
+    ax.invert_yaxis()
+    ax.set_xlabel(label)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def _sizes(plt: Any, rows: list[Row]) -> str | None:
+    sized = [(r.name, r.size_mb) for r in rows if r.size_mb is not None]
+    return _bars(plt, sized, "tab:green", "size on disk (MB)") if sized else None
+
+
+def _memory(plt: Any, rows: list[Row], keys: list[tuple[str, int]]) -> str | None:
+    if not keys:
+        return None
+    mem = [(r.name, v) for r in rows if (v := r.memory(keys[-1])) is not None]
+    label = f"peak inference memory (MiB), {keys[-1][0]}, batch {keys[-1][1]}"
+    return _bars(plt, mem, "tab:purple", label) if mem else None
+
+
+def _speedups(plt: Any, rows: list[Row], keys: list[tuple[str, int]]) -> str | None:
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(rows) + 1.4))
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        ys = [r.speedup.get(key, 0.0) for r in rows]
+        ax.barh([j + i * width for j in range(len(rows))], ys, height=width, label=f"{key[0]} b{key[1]}")
+    ax.set_yticks([j + width * (len(keys) - 1) / 2 for j in range(len(rows))], [r.name for r in rows])
+    ax.invert_yaxis()
+    ax.axvline(1.0, c="grey", lw=1)
+    ax.set_xlabel("speed-up vs baseline (p50)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def _sensitivity(plt: Any, results: dict[str, Any]) -> str | None:
     _, body = sensitivity_table(results)
-    if body:
-        fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(body) + 1.4))
-        names = [r[1] for r in body]
-        ys = range(len(names))
-        q = [float(r[3]) if r[3] not in ("-", "n/a") else 0.0 for r in body]
-        p = [float(r[4]) if r[4] not in ("-", "n/a") else 0.0 for r in body]
-        ax.barh([y - 0.2 for y in ys], q, height=0.4, label="int8 (this layer only)")
-        ax.barh([y + 0.2 for y in ys], p, height=0.4, label="pruned (this layer only)")
-        ax.set_yticks(list(ys), names)
-        ax.invert_yaxis()
-        ax.set_xlabel("accuracy drop (points)")
-        ax.legend(fontsize=8)
-        ax.grid(axis="x", alpha=0.3)
-        out["Per-layer sensitivity"] = _png(fig)
-    return out
+    if not body:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(body) + 1.4))
+    names = [r[1] for r in body]
+    ys = range(len(names))
+    q = [float(r[3]) if r[3] not in ("-", "n/a") else 0.0 for r in body]
+    p = [float(r[4]) if r[4] not in ("-", "n/a") else 0.0 for r in body]
+    ax.barh([y - 0.2 for y in ys], q, height=0.4, label="int8 (this layer only)")
+    ax.barh([y + 0.2 for y in ys], p, height=0.4, label="pruned (this layer only)")
+    ax.set_yticks(list(ys), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("accuracy drop (points)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
 
 
 CSS = """

@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..passes.static import NAME as STATIC
 from ..pipeline.executor import Job
-from .candidates import onnx_int8, pruning, torch_int8
+from .candidates import OnnxInt8, Pruning, Spec, TorchInt8
 from .selection import fidelity_reasons
 from .sensitivity import METRICS, pruning_sensitivity, quantization_sensitivity, score
 
@@ -99,7 +100,7 @@ class Search:
             return entry, [f"failed: {entry.get('error', '')[:120]}"]
         return entry, fidelity_reasons(entry, self.c, self.use_labels)
 
-    def steps(self, specs: list[tuple[str, str, str, Any]]) -> list[tuple[dict[str, Any], list[str]]]:
+    def steps(self, specs: list[Spec]) -> list[tuple[dict[str, Any], list[str]]]:
         """Several candidates at once (in parallel on Ray); their entries and shortfalls in order."""
         base = 1000 + len(self.info["candidates"])  # one seed per candidate, in submission order
         jobs = [Job(n, p, parent, o, base + i) for i, (n, p, parent, o) in enumerate(specs)]
@@ -171,18 +172,18 @@ class Search:
             self.sensitivity()
         keep: list[str] = []
         if cfg.quantize:
-            keep = torch_int8(self)
+            keep = TorchInt8().run(self)
         if cfg.onnx:
-            onnx_int8(self)
+            OnnxInt8().run(self)
         best_pruned = None
         if cfg.prune:
-            best_pruned = pruning(self)
+            best_pruned = Pruning().run(self)
             self.info["best_pruned"] = best_pruned
         if cfg.combine and cfg.quantize and best_pruned is not None:
             qopts = cfg.quantize_options
             self.step(
                 f"{best_pruned}-int8",
-                "quantize.static",
+                STATIC,
                 best_pruned,
                 qopts.model_copy(update={"keep_float": [*qopts.keep_float, *keep]}),
             )

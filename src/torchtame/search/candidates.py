@@ -1,12 +1,22 @@
-"""The search's candidate families, each a function of the :class:`~torchtame.search.Search`."""
+"""The search's candidate families. Each family is a small object with a ``run(search)`` that
+builds its candidates through the :class:`~torchtame.search.Search` it is given (``step``,
+``steps``, ``stop``, ``ranked``); the search only orders the families and combines their
+results, as Torch-Pruning keeps its pruners apart from the importance they use."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..passes.export import NAME as ONNX_EXPORT
 from ..passes.export import OnnxOptions
+from ..passes.finetune import NAME as FINETUNE
+from ..passes.onnx_quant import NAME as ONNX_QUANTIZE
+from ..passes.prune import NAME as PRUNE
 from ..passes.prune import PruneOptions
+from ..passes.static import NAME as STATIC
+from ..results import accuracy_of, info_of
 from .sensitivity import execution_order
 
 if TYPE_CHECKING:
@@ -14,187 +24,221 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("torchtame")
 
-
-def torch_int8(self: Search) -> list[str]:
-    """Static int8 keeping the k most sensitive layers float, k = 0, 1, ... until it meets."""
-    qopts = self.cfg.quantize_options
-    ranked = self.ranked("quantize")
-    keep: list[str] = []
-    for k in range(0, min(self.cfg.max_float_layers, len(ranked)) + 1):
-        keep = ranked[:k]
-        name = "search-int8" if k == 0 else f"search-int8-float{k}"
-        _, reasons = self.step(
-            name,
-            "quantize.static",
-            "baseline",
-            qopts.model_copy(update={"keep_float": [*qopts.keep_float, *keep]}),
-        )
-        if not reasons:
-            if k < min(self.cfg.max_float_layers, len(ranked)):
-                self.stop(
-                    "torch int8",
-                    f"{name} meets the fidelity constraints; more float layers cannot be faster",
-                )
-            return keep
-        log.info(
-            "%s misses the constraints (%s); keeping one more sensitive layer in float",
-            name,
-            "; ".join(reasons),
-        )
-    return keep
+Spec = tuple[str, str, str, Any]  # name, pass, parent, options
 
 
-def onnx_int8(self: Search) -> None:
-    """onnxruntime static int8: each calibration method, then the most sensitive nodes excluded."""
-    cfg = self.cfg
-    twin, reasons = self.step("search-onnx", "export.onnx", "baseline", OnnxOptions())
-    if twin["status"] != "ok":
-        self.stop("onnxruntime", f"no ONNX twin: {reasons[0]}")
-        return
-    base_opts = cfg.onnx_options
-    best: tuple[float, str, dict[str, Any]] | None = None
-    if self.runner.parallel:  # every calibration at once; the first that meets is kept
-        specs = [
-            (
-                f"search-onnx-int8-{m.lower()}",
-                "quantize.onnx",
-                "search-onnx",
-                base_opts.model_copy(update={"calibration_method": m}),
-            )
-            for m in cfg.onnx_methods
-        ]
-        results = self.steps(specs)
-        if any(not reasons for _, reasons in results):
-            return
-        for method, (entry, _) in zip(cfg.onnx_methods, results, strict=True):
-            if entry["status"] == "ok" and (best is None or _figure(self, entry) > best[0]):
-                best = (_figure(self, entry), method, entry)
-    for i, method in enumerate([] if self.runner.parallel else cfg.onnx_methods):
-        name = f"search-onnx-int8-{method.lower()}"
-        entry, reasons = self.step(
-            name,
-            "quantize.onnx",
-            "search-onnx",
-            base_opts.model_copy(update={"calibration_method": method}),
-        )
-        if not reasons:
-            if i + 1 < len(cfg.onnx_methods):
-                self.stop(
-                    "onnxruntime",
-                    f"{name} meets the fidelity constraints; other calibrations run as fast",
-                )
-            return
-        if entry["status"] == "ok":
-            value = _figure(self, entry)
-            if best is None or value > best[0]:
-                best = (value, method, entry)
-    if best is None:
-        return
-    _, method, entry = best
-    nodes = _onnx_nodes(self, entry)
-    if not nodes:
-        self.stop(
-            "onnxruntime",
-            "the ONNX weight nodes do not map one to one onto the torch layers; no nodes excluded",
-        )
-        return
-    feeders = ((entry.get("info") or {}).get("graph") or {}).get("feeders") or {}
-    for k in range(1, min(cfg.max_float_layers, len(nodes)) + 1):
-        name = f"search-onnx-int8-{method.lower()}-float{k}"
-        # the node's input stays float only if its feeders (concat, reshape, ...) are excluded too
-        excluded = list(dict.fromkeys(n for node in nodes[:k] for n in [node, *feeders.get(node, [])]))
-        options = base_opts.model_copy(update={"calibration_method": method, "nodes_to_exclude": excluded})
-        _, reasons = self.step(name, "quantize.onnx", "search-onnx", options)
-        if not reasons:
-            return
-
-
-def _figure(self: Search, entry: dict[str, Any]) -> float:
-    acc = entry.get("accuracy") or {}
-    if self.metric == "top1":
+def figure(search: Search, entry: dict[str, Any]) -> float:
+    """The entry's value of the metric the search ranks by (higher is better)."""
+    acc = accuracy_of(entry)
+    if search.metric == "top1":
         return acc.get("top1", 0.0)
-    if self.metric == "agreement":
+    if search.metric == "agreement":
         return acc.get("top1_agreement", 0.0)
     return acc.get("cosine_similarity", -1.0)
 
 
-def _onnx_nodes(self: Search, entry: dict[str, Any]) -> list[str]:
-    """ONNX node names of the most quantization-sensitive torch layers: the k-th weight node of
-    the ONNX graph is the k-th weight layer the torch model runs (checked by their count)."""
-    graph = (entry.get("info") or {}).get("graph") or {}
-    order = execution_order(self.runner.variants["baseline"].module, self.runner.data.example_input(1))
-    if not graph.get("weight_nodes") or len(graph["weight_nodes"]) != len(order):
-        return []
-    mapping = dict(zip(order, graph["weight_nodes"], strict=True))
-    return [mapping[layer] for layer in self.ranked("quantize") if layer in mapping]
+class TorchInt8:
+    """Static int8 keeping the k most sensitive layers float, k = 0, 1, ... until it meets."""
+
+    family = "torch int8"
+
+    def run(self, s: Search, parent: str = "baseline", prefix: str = "search-int8") -> list[str]:
+        """The layers kept float by the first candidate that meets (or by the last tried)."""
+        qopts = s.cfg.quantize_options
+        ranked = s.ranked("quantize")
+        most = min(s.cfg.max_float_layers, len(ranked))
+        keep: list[str] = []
+        for k in range(0, most + 1):
+            keep = ranked[:k]
+            name = prefix if k == 0 else f"{prefix}-float{k}"
+            options = qopts.model_copy(update={"keep_float": [*qopts.keep_float, *keep]})
+            _, reasons = s.step(name, STATIC, parent, options)
+            if not reasons:
+                if k < most:
+                    s.stop(
+                        self.family,
+                        f"{name} meets the fidelity constraints; more float layers cannot be faster",
+                    )
+                return keep
+            log.info(
+                "%s misses the constraints (%s); keeping one more sensitive layer in float",
+                name,
+                "; ".join(reasons),
+            )
+        return keep
 
 
-def pruning(self: Search) -> str | None:
+class OnnxInt8:
+    """onnxruntime static int8: each calibration method, then the most sensitive nodes excluded."""
+
+    family = "onnxruntime"
+    twin = "search-onnx"
+
+    def run(self, s: Search) -> None:
+        twin, reasons = s.step(self.twin, ONNX_EXPORT, "baseline", OnnxOptions())
+        if twin["status"] != "ok":
+            s.stop(self.family, f"no ONNX twin: {reasons[0]}")
+            return
+        best = self.calibrations(s)
+        if best is not None:
+            self.exclusions(s, *best)
+
+    def name(self, method: str) -> str:
+        return f"search-onnx-int8-{method.lower()}"
+
+    def options(self, s: Search, method: str, excluded: list[str] | None = None) -> Any:
+        update: dict[str, Any] = {"calibration_method": method}
+        if excluded is not None:
+            update["nodes_to_exclude"] = excluded
+        return s.cfg.onnx_options.model_copy(update=update)
+
+    def calibrations(self, s: Search) -> tuple[str, dict[str, Any]] | None:
+        """Each calibration method; None when one meets the constraints (nothing left to do),
+        else the best method and its entry."""
+        methods = s.cfg.onnx_methods
+        if s.runner.parallel:  # every calibration at once
+            results = s.steps([(self.name(m), ONNX_QUANTIZE, self.twin, self.options(s, m)) for m in methods])
+        else:
+            results = []
+            for i, method in enumerate(methods):
+                entry, reasons = s.step(self.name(method), ONNX_QUANTIZE, self.twin, self.options(s, method))
+                results.append((entry, reasons))
+                if not reasons:
+                    if i + 1 < len(methods):
+                        s.stop(
+                            self.family,
+                            f"{self.name(method)} meets the fidelity constraints; other calibrations run "
+                            "as fast",
+                        )
+                    break
+        if any(not reasons for _, reasons in results):
+            return None
+        built = [
+            (figure(s, e), m, e) for m, (e, _) in zip(methods, results, strict=False) if e["status"] == "ok"
+        ]
+        if not built:
+            return None
+        _, method, entry = max(built, key=lambda b: b[0])
+        return method, entry
+
+    def exclusions(self, s: Search, method: str, entry: dict[str, Any]) -> None:
+        """The best calibration again, with the k most sensitive nodes (and their feeders) float."""
+        nodes = self.sensitive_nodes(s, entry)
+        if not nodes:
+            s.stop(
+                self.family,
+                "the ONNX weight nodes do not map one to one onto the torch layers; no nodes excluded",
+            )
+            return
+        feeders = (info_of(entry).get("graph") or {}).get("feeders") or {}
+        for k in range(1, min(s.cfg.max_float_layers, len(nodes)) + 1):
+            # the node's input stays float only if its feeders (concat, reshape, ...) are excluded too
+            excluded = list(dict.fromkeys(n for node in nodes[:k] for n in [node, *feeders.get(node, [])]))
+            name = f"{self.name(method)}-float{k}"
+            _, reasons = s.step(name, ONNX_QUANTIZE, self.twin, self.options(s, method, excluded))
+            if not reasons:
+                return
+
+    def sensitive_nodes(self, s: Search, entry: dict[str, Any]) -> list[str]:
+        """ONNX node names of the most quantization-sensitive torch layers: the k-th weight node of
+        the ONNX graph is the k-th weight layer the torch model runs (checked by their count)."""
+        graph = info_of(entry).get("graph") or {}
+        order = execution_order(s.runner.variants["baseline"].module, s.runner.data.example_input(1))
+        if not graph.get("weight_nodes") or len(graph["weight_nodes"]) != len(order):
+            return []
+        mapping = dict(zip(order, graph["weight_nodes"], strict=True))
+        return [mapping[layer] for layer in s.ranked("quantize") if layer in mapping]
+
+
+@dataclass
+class Pruning:
     """Pruning ratios (grid or bisection), retried with the most sensitive layers left whole."""
-    cfg = self.cfg
-    base_prune = cfg.prune_options.model_dump(exclude_unset=True)
-    protect = self.ranked("prune")[: cfg.protect_layers]
 
-    def candidate(ratio: float, protected: list[str] | None = None) -> tuple[str, bool]:
-        name = f"search-pruned-{ratio * 100:.3g}" + (f"-protect{len(protected)}" if protected else "")
-        ratios = {**base_prune.get("layer_ratios", {}), **dict.fromkeys(protected or [], 0.0)}
-        opts = PruneOptions.model_validate({**base_prune, "ratio": ratio, "layer_ratios": ratios})
-        entry, reasons = self.step(name, "prune.structured", "baseline", opts)
-        if cfg.finetune is not None and entry["status"] == "ok":
-            self.info["candidates"].pop()  # the fine-tuned one is the candidate
+    family = "pruning"
+
+    def run(self, s: Search) -> str | None:
+        """The name of the most pruned candidate that meets the constraints."""
+        self.s = s
+        self.base = s.cfg.prune_options.model_dump(exclude_unset=True)
+        self.protect = s.ranked("prune")[: s.cfg.protect_layers]
+        if s.cfg.prune_search == "grid":
+            return self.grid_at_once() if s.runner.parallel else self.grid()
+        return self.bisect()
+
+    def name(self, ratio: float, protected: list[str] | None = None) -> str:
+        return f"search-pruned-{ratio * 100:.3g}" + (f"-protect{len(protected)}" if protected else "")
+
+    def options(self, ratio: float, protected: list[str] | None = None) -> PruneOptions:
+        ratios = {**self.base.get("layer_ratios", {}), **dict.fromkeys(protected or [], 0.0)}
+        return PruneOptions.model_validate({**self.base, "ratio": ratio, "layer_ratios": ratios})
+
+    def candidate(self, ratio: float, protected: list[str] | None = None) -> tuple[str, bool]:
+        """One pruned candidate (fine-tuned, where the search says so); whether it meets."""
+        s = self.s
+        name = self.name(ratio, protected)
+        entry, reasons = s.step(name, PRUNE, "baseline", self.options(ratio, protected))
+        if s.cfg.finetune is not None and entry["status"] == "ok":
+            s.info["candidates"].pop()  # the fine-tuned one is the candidate
             name = f"{name}-ft"
-            entry, reasons = self.step(name, "finetune", entry["name"], cfg.finetune)
+            entry, reasons = s.step(name, FINETUNE, entry["name"], s.cfg.finetune)
         return name, not reasons
 
-    best = None
-    if cfg.prune_search == "grid" and self.runner.parallel:  # the whole grid at once
-        ratios = sorted(cfg.prune_ratios)
-        specs: list[tuple[str, str, str, Any]] = []
+    def grid_at_once(self) -> str | None:
+        """The whole grid in parallel (Ray); a missing ratio retried with its layers protected."""
+        s, best = self.s, None
+        ratios = sorted(s.cfg.prune_ratios)
+        tuned = s.cfg.finetune is not None
+        specs: list[Spec] = []
         for ratio in ratios:
-            name = f"search-pruned-{ratio * 100:.3g}"
             specs.append(
                 (
-                    name,
-                    "prune.structured",
+                    self.name(ratio),
+                    PRUNE,
                     "baseline",
-                    PruneOptions.model_validate({**base_prune, "ratio": ratio}),
+                    PruneOptions.model_validate({**self.base, "ratio": ratio}),
                 )
             )
-            if cfg.finetune is not None:
-                specs.append((f"{name}-ft", "finetune", name, cfg.finetune))
-        results = self.steps(specs)
-        step = 2 if cfg.finetune is not None else 1
+            if tuned:
+                specs.append((f"{self.name(ratio)}-ft", FINETUNE, self.name(ratio), s.cfg.finetune))
+        results = s.steps(specs)
+        step = 2 if tuned else 1
         for ratio, (_, reasons) in zip(ratios, results[step - 1 :: step], strict=True):
-            name = f"search-pruned-{ratio * 100:.3g}" + ("-ft" if cfg.finetune is not None else "")
             if not reasons:
-                best = name
-            elif protect:
-                name, ok = candidate(ratio, protect)
+                best = self.name(ratio) + ("-ft" if tuned else "")
+            elif self.protect:
+                name, ok = self.candidate(ratio, self.protect)
                 best = name if ok else best
         return best
-    if cfg.prune_search == "grid":
-        for ratio in sorted(cfg.prune_ratios):
-            name, ok = candidate(ratio)
-            if not ok and protect:
-                name, ok = candidate(ratio, protect)
+
+    def grid(self) -> str | None:
+        """Ratios in increasing order until one misses (larger ones remove more)."""
+        s, best = self.s, None
+        for ratio in sorted(s.cfg.prune_ratios):
+            name, ok = self.candidate(ratio)
+            if not ok and self.protect:
+                name, ok = self.candidate(ratio, self.protect)
             if not ok:
-                larger = [r for r in cfg.prune_ratios if r > ratio]
+                larger = [r for r in s.cfg.prune_ratios if r > ratio]
                 if larger:
                     shown = ", ".join(f"{r:g}" for r in larger)
-                    self.stop(
-                        "pruning",
+                    s.stop(
+                        self.family,
                         f"no candidate at ratio {ratio:g} meets the constraints; larger ratios ({shown}) "
                         "remove more",
                     )
                 break
             best = name
-    else:  # bisect for the largest ratio that still meets the accuracy constraint
-        lo, hi = 0.0, max(cfg.prune_ratios)
-        for _ in range(cfg.bisect_steps):
+        return best
+
+    def bisect(self) -> str | None:
+        """The largest ratio that still meets the constraints, by bisection."""
+        s, best = self.s, None
+        lo, hi = 0.0, max(s.cfg.prune_ratios)
+        for _ in range(s.cfg.bisect_steps):
             mid = round((lo + hi) / 2, 4)
-            name, ok = candidate(mid)
+            name, ok = self.candidate(mid)
             if ok:
                 best, lo = name, mid
             else:
                 hi = mid
-    return best
+        return best
