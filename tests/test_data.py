@@ -322,3 +322,12 @@ def ragged():
 def test_ragged_samples_say_how_to_pad() -> None:
     with pytest.raises(DataError, match="padding: max_length"):
         load_data(PythonData(source="python", target="tests.test_data:ragged", batch_size=4), 0)
+
+
+def test_synthetic_calibration_and_evaluation_are_drawn_apart() -> None:
+    """Fidelity on synthetic inputs is never measured on the inputs int8 was calibrated on."""
+    d = load_data(SyntheticData(source="synthetic", shape=[3, 4, 4], num_samples=8, batch_size=8), 0)
+    cal, ev = next(iter(d.calibration))[0], next(iter(d.evaluation))[0]
+    assert cal.shape == ev.shape and not torch.allclose(cal, ev)
+    again = load_data(SyntheticData(source="synthetic", shape=[3, 4, 4], num_samples=8, batch_size=8), 0)
+    assert torch.equal(next(iter(again.evaluation))[0], ev)  # still seeded

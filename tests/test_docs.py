@@ -42,3 +42,12 @@ def test_readme_speed_claims_point_to_their_section() -> None:
             continue
         if re.search(r"\b\d+(\.\d+)?x (faster|slower)", paragraph):
             assert "RESULTS.md" in paragraph, paragraph[:200]
+
+
+def test_the_readme_health_table_is_the_code_table() -> None:
+    from torchtame.evaluate.health import FINDINGS, FLAG, findings_table
+
+    table = re.search(r"<!-- health-table:start -->\n(.*?)\n<!-- health-table:end -->", README, re.S)
+    assert table, "README has no health table between its markers"
+    assert table.group(1) == findings_table(), "regenerate it: torchtame.evaluate.health.findings_table()"
+    assert {code for code, _, _ in FINDINGS} == set(FLAG)  # every finding has a flag and a row

@@ -208,13 +208,18 @@ from torchtame import register_pass  # noqa: E402
 
 register_pass("test.slow")(_slow_pass)
 register_pass("test.noisy")(_noisy_pass)
+ROUNDS = {"batch_sizes": [1], "warmup": 1, "min_runs": 3, "min_time_s": 0, "rounds": 3}
 
 
 def test_health_flags_slower_and_collapsed_variants(tmp_path: Path) -> None:
     steps = [{"name": "slow", "pass": "test.slow"}, {"name": "noisy", "pass": "test.noisy"}]
-    result = run(tiny_recipe(tmp_path, steps=steps))
+    result = run(tiny_recipe(tmp_path, steps=steps, evaluate={"latency": ROUNDS}))
     slow = {f["code"]: f for f in result.variant("slow")["health"]}
-    assert slow["slower_than_parent"]["level"] == "error"  # slower at every measured setting
+    # slower at every measured setting, its interval over 3 paired rounds wholly below 0.95
+    assert slow["slower_than_parent"]["level"] == "error"
+    timing = result.variant("slow")["latency"][0]
+    assert timing["rounds"] == 3 and timing["speedup_high"] < 0.95
+    assert timing["speedup_low"] <= timing["speedup"] <= timing["speedup_high"]
     assert "slower than baseline at cpu b1" in slow["slower_than_parent"]["message"]
     noisy = {f["code"]: f for f in result.variant("noisy")["health"]}
     assert noisy["fidelity_collapsed"]["level"] == "error" and noisy["fidelity_collapsed"]["suggestion"]
@@ -232,7 +237,9 @@ def test_strict_fails_on_an_error_finding(tmp_path: Path) -> None:
     from torchtame.cli import main
 
     path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(tiny_recipe(tmp_path, steps=[{"name": "slow", "pass": "test.slow"}])))
+    steps = [{"name": "slow", "pass": "test.slow"}]
+    recipe = tiny_recipe(tmp_path, steps=steps, evaluate={"latency": ROUNDS})
+    path.write_text(yaml.safe_dump(recipe))
     relaxed = CliRunner().invoke(main, [str(path), "--quiet"])
     assert relaxed.exit_code == 0, relaxed.output
     assert "✖ slower" in relaxed.stdout
@@ -253,7 +260,11 @@ def test_health_units() -> None:
     assert codes(entry("a", 1.02)) == {}  # within the 5% tolerance
     assert codes(entry("a2", 1.07)) == {}  # within the parent's own p90 (noise)
     assert codes(entry("a3", 2.0, **{"pass": "finetune"})) == {}  # same architecture: noise
-    assert codes(entry("b", 1.5)) == {"slower_than_parent": "error"}
+    # one reading: no interval, so no error, only an unconfirmed warning
+    one = check(entry("b", 1.5), parent)
+    found = [(f["code"], f["level"], f["confirmed"]) for f in one]
+    assert found == [("slower_than_parent", "warning", False)]
+    assert "unconfirmed, 1 round" in one[0]["message"]
     fx = entry(
         "c",
         0.5,
@@ -266,8 +277,16 @@ def test_health_units() -> None:
     assert codes(fx) == {"float_layers": "warning", "unfused_batchnorm": "warning"}
     big = entry("d", 0.5, quantized=True, size={"bytes": 300})
     assert codes(big) == {"larger_than_parent": "warning"}
-    flat = entry("baseline", 1.0, outputs={"spread": 5e-11, "max_abs": 3e-9})
+    flat = entry("baseline", 1.0, outputs={"spread": 2e-6, "mean_abs": 5.0, "samples": 64})
     assert {f["code"] for f in check(flat, None)} == {"degenerate_outputs"}
+    tiny = entry("baseline", 1.0, outputs={"spread": 5e-11, "mean_abs": 3e-9, "samples": 64})
+    assert check(tiny, None) == []  # small outputs that vary by 2% of their scale are not degenerate
+    one_sample = entry("baseline", 1.0, outputs={"spread": None, "mean_abs": 1.0, "samples": 1})
+    assert check(one_sample, None) == []
+    nan = entry("x", 1.0, outputs={"spread": float("nan"), "mean_abs": 1.0, "samples": 64, "non_finite": 12})
+    assert codes(nan) == {"non_finite_outputs": "error"}  # NaN is an error, never "degenerate"
+    nan_cosine = entry("y", 1.0, accuracy={"cosine_similarity": float("nan")})
+    assert codes(nan_cosine) == {"fidelity_collapsed": "error"}
     low = entry("e", 0.5, accuracy={"cosine_similarity": 0.5, "top1_agreement": 30.0})
     assert "top-1 agreement 30.0%" in check(low, parent)[0]["message"]
     assert "cosine 0.5000" in check(low, parent, task="features")[0]["message"]
@@ -283,3 +302,32 @@ def test_health_units() -> None:
     assert codes(entry("i", 0.5, accuracy={"top1_drop": 4.0, "top1_agreement": 90.0})) == {
         "fidelity_degraded": "warning"
     }
+    # with labels, the top-1 rule runs whether or not fidelity was measured; 10+ points is an error
+    assert codes(entry("j", 0.5, accuracy={"top1_drop": 88.3})) == {"fidelity_collapsed": "error"}
+    assert codes(entry("k", 0.5, accuracy={"top1_drop": 3.0})) == {"fidelity_degraded": "warning"}
+    # a variant meeting the recipe's explicit fidelity constraints only gets an info note
+    noted = check(entry("l", 0.5, accuracy={"top1_agreement": 91.0}), parent, meets_constraints=True)
+    assert [(f["code"], f["level"]) for f in noted] == [("fidelity_degraded", "info")]
+
+
+def test_health_reads_paired_round_intervals() -> None:
+    from torchtame.evaluate.health import check
+
+    def entry(name, rounds, **kw):
+        p50 = sorted(rounds)[len(rounds) // 2]
+        timing = {"device": "cpu", "batch_size": 8, "threads": 2, "p50_ms": p50}
+        timing.update(p90_ms=timing["p50_ms"] * 1.1, round_p50_ms=rounds, rounds=len(rounds))
+        return {"name": name, "status": "ok", "latency": [timing], **kw}
+
+    parent = entry("baseline", [1.0, 1.3, 0.9])
+    codes = lambda e: {f["code"]: f["level"] for f in check(e, parent)}  # noqa: E731
+    # the machine drifts, but every round the variant takes 1.5x its parent: confirmed, an error
+    assert codes(entry("slow", [1.5, 1.95, 1.35])) == {"slower_than_parent": "error"}
+    # slower in one round, faster in another: the interval spans 1, an info finding, no flag
+    assert codes(entry("noise", [1.2, 1.1, 1.0])) == {"no_measurable_speedup": "info"}
+    # two rounds only: confirmed slower is a warning, never an error
+    short_parent = entry("baseline", [1.0, 1.0])
+    assert {f["code"]: f["level"] for f in check(entry("c", [1.6, 1.7]), short_parent)} == {
+        "slower_than_parent": "warning"
+    }
+    assert codes(entry("fast", [0.5, 0.65, 0.45])) == {}

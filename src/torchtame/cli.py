@@ -21,6 +21,7 @@ from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColum
 
 from ._version import __version__
 from .errors import TorchtameError
+from .results import findings_of
 
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -212,7 +213,7 @@ def run_cmd(
     errors = [
         f"{v['name']}: {f['message']}"
         for v in result.results["variants"]
-        for f in v.get("health") or []
+        for f in findings_of(v)
         if f["level"] == "error"
     ]
     for line in errors[:5]:

@@ -46,6 +46,16 @@ class LatencyEntry(TypedDict, total=False):
     peak_memory_mb: float | None
     memory_samples_mb: list[float]
     memory_ratio: float
+    peak_memory_low_mb: float
+    peak_memory_high_mb: float
+    speedup: float  # the baseline's p50 over this one, same setting (median of paired rounds)
+    speedup_low: float | None  # its 95% interval (None with one round)
+    speedup_high: float | None
+    compiled_p50_ms: float  # the baseline only: fp32 compiled (Inductor, freezing), same rounds
+    compiled_round_p50_ms: list[float]
+    speedup_compiled: float  # compiled variants: against fp32 compiled, same rounds
+    speedup_compiled_low: float | None
+    speedup_compiled_high: float | None
     memory_error: str
     rounds: int
     round_p50_ms: list[float]
@@ -186,6 +196,11 @@ def latencies(entry: Mapping[str, Any]) -> list[LatencyEntry]:
     return list(entry.get("latency") or [])
 
 
+def setting(m: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes two timings comparable: node, device, batch size, thread count."""
+    return (m.get("node"), m["device"], m["batch_size"], m.get("threads"))
+
+
 def latency_at(
     entry: Mapping[str, Any], device: str, batch: int, node: str | None = None
 ) -> LatencyEntry | None:
@@ -194,6 +209,15 @@ def latency_at(
         if m["device"] == device and m["batch_size"] == batch and (node is None or m.get("node") == node):
             return m
     return None
+
+
+def speedup_of(m: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> float | None:
+    """The timing's speed-up against the baseline: as recorded, or (runs before speed-ups were
+    recorded) the ratio of p50s at the same setting."""
+    if m.get("speedup") is not None:
+        return m["speedup"]
+    ref = next((b for b in latencies(baseline or {}) if setting(b) == setting(m)), None)
+    return round(ref["p50_ms"] / m["p50_ms"], 4) if ref and m.get("p50_ms") else None
 
 
 def chosen_name(results: Mapping[str, Any]) -> str | None:
@@ -217,6 +241,9 @@ class Latency:
     threads: int | None
     rounds: int
     speedup: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    speedup_compiled: float | None  # compiled variants: against the compiled baseline
     peak_memory_mb: float | None
 
 
@@ -283,9 +310,6 @@ def view(entry: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) ->
     size = size_of(entry)
     base_bytes = size_bytes(baseline) if baseline is not None else None
 
-    def speedup(m: LatencyEntry) -> float | None:
-        ref = latency_at(baseline, m["device"], m["batch_size"], m.get("node")) if baseline else None
-        return round(ref["p50_ms"] / m["p50_ms"], 4) if ref and m.get("p50_ms") else None
 
     return VariantResult(
         name=entry["name"],
@@ -305,7 +329,10 @@ def view(entry: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) ->
                 throughput=m.get("throughput"),
                 threads=m.get("threads"),
                 rounds=m.get("rounds", 1),
-                speedup=speedup(m),
+                speedup=speedup_of(m, baseline),
+                speedup_low=m.get("speedup_low"),
+                speedup_high=m.get("speedup_high"),
+                speedup_compiled=m.get("speedup_compiled"),
                 peak_memory_mb=m.get("peak_memory_mb"),
             )
             for m in latencies(entry)
@@ -355,8 +382,10 @@ __all__ = [
     "latencies",
     "latency_at",
     "read_results",
+    "setting",
     "size_bytes",
     "size_of",
+    "speedup_of",
     "view",
     "views",
 ]

@@ -100,13 +100,20 @@ def _digits(spec: DigitsData, seed: int) -> DataBundle:
 
 @register_data_source("synthetic", SyntheticData)
 def _synthetic(spec: SyntheticData, seed: int) -> DataBundle:
-    """Random tensors of a given shape: latency and fidelity only, no accuracy."""
-    g = torch.Generator().manual_seed(seed)
-    shape = (spec.num_samples, *spec.shape)
-    x = torch.randn(shape, generator=g) if spec.distribution == "normal" else torch.rand(shape, generator=g)
-    ds = TensorDataset(x, torch.full((spec.num_samples,), -1, dtype=torch.int64))
-    _, cal, ev = make_loaders(spec, seed, None, ds, ds)
-    return DataBundle(None, cal, ev, False, None, tuple(spec.shape), f"synthetic {list(shape)}")
+    """Random tensors of a given shape: latency and fidelity only, no accuracy. Calibration and
+    evaluation samples are drawn from different seeds, so fidelity is never measured on the
+    inputs int8 was calibrated on."""
+
+    def draw(stream: int) -> TensorDataset:
+        g = torch.Generator().manual_seed(seed * 1000 + stream)
+        shape = (spec.num_samples, *spec.shape)
+        normal = spec.distribution == "normal"
+        x = torch.randn(shape, generator=g) if normal else torch.rand(shape, generator=g)
+        return TensorDataset(x, torch.full((spec.num_samples,), -1, dtype=torch.int64))
+
+    _, cal, ev = make_loaders(spec, seed, None, draw(1), draw(2))
+    shape = [spec.num_samples, *spec.shape]
+    return DataBundle(None, cal, ev, False, None, tuple(spec.shape), f"synthetic {shape}")
 
 
 @register_data_source("imagefolder", ImageFolderData)

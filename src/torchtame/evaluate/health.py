@@ -10,12 +10,24 @@ error-level finding.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import Field
 
 from ..options import Strict
 from ..registry import PASSES
+from ..results import (
+    Finding,
+    VariantEntry,
+    accuracy_of,
+    findings_of,
+    info_of,
+    latencies,
+    setting,
+    size_bytes,
+)
+from .stats import Ratio, paired_ratio
 
 LEVELS = ("error", "warning", "info")
 FLAG = {
@@ -30,7 +42,63 @@ FLAG = {
     "float_islands": "islands",
     "fixed_axes": "fixed axes",
     "exceeds_device_memory": "memory",
+    "no_measurable_speedup": "no speed-up",
+    "non_finite_outputs": "NaN/inf",
 }
+
+
+# Every finding, its level and when it is raised: README's health table is rendered from this
+# (``findings_table()``; tests/test_docs.py checks the README holds exactly that table).
+FINDINGS: tuple[tuple[str, str, str], ...] = (
+    (
+        "fidelity_collapsed",
+        "error",
+        "cosine to the baseline < `min_cosine` (0.9) or not a number, top-1 agreement < `min_agreement` "
+        "(50%, class scores), or with labels a top-1 drop > `max_accuracy_drop_error` (10 points), "
+        "whatever `evaluate.metrics` lists",
+    ),
+    (
+        "fidelity_degraded",
+        "warning",
+        "cosine < `warn_cosine` (0.99), agreement < `warn_agreement` (95%), or with labels a top-1 drop "
+        "> `warn_accuracy_drop` (1 point); info only when the variant meets the recipe's explicit fidelity "
+        "constraints",
+    ),
+    ("non_finite_outputs", "error", "NaN or infinite values in the measured outputs"),
+    (
+        "slower_than_parent",
+        "warning; error at every measured setting with >= 3 rounds",
+        "the 95% interval of its speed-up over its parent (paired rounds, same node, device, batch and "
+        "threads) lies wholly below 1 - `slower_tolerance` (0.05); with one round: beyond the tolerance "
+        "and the parent's p90, flagged unconfirmed (`slower?`); never for `same_architecture` passes "
+        "(fine-tuning)",
+    ),
+    ("no_measurable_speedup", "info", "the speed-up's 95% interval over its parent spans 1"),
+    ("float_layers", "warning", "convolutions/linears an int8 graph left in float (not kept on purpose)"),
+    ("unfused_batchnorm", "warning", "BatchNorms running standalone in an int8 graph"),
+    ("onnx_float_nodes", "warning", "Conv/MatMul/Gemm nodes an onnxruntime-quantized model left in float"),
+    ("larger_than_parent", "warning", "a quantized artefact larger than its float parent"),
+    (
+        "degenerate_outputs",
+        "warning",
+        "the outputs' spread between samples is < 1e-6 of their mean magnitude (at least 2 samples; "
+        "NaN never counts): random or untrained weights",
+    ),
+    (
+        "exceeds_device_memory",
+        "error",
+        "peak inference memory above the device's (CUDA total, the CPU's available memory)",
+    ),
+    ("float_islands", "info", "dequantize -> float ops -> quantize round trips in an int8 graph"),
+    ("fixed_axes", "info", "ONNX axes that came out fixed although the export asked for them dynamic"),
+)
+
+
+def findings_table() -> str:
+    """The Markdown table of every finding (README's health table)."""
+    lines = ["| code | level | when |", "|---|---|---|"]
+    lines += [f"| `{code}` | {level} | {when} |" for code, level, when in FINDINGS]
+    return "\n".join(lines)
 
 
 class HealthConfig(Strict):
@@ -47,19 +115,22 @@ class HealthConfig(Strict):
     warn_accuracy_drop: float = Field(
         1.0, ge=0, description="With labels: a top-1 drop above this (points) is the degradation warning."
     )
+    max_accuracy_drop_error: float = Field(
+        10.0, ge=0, description="With labels: a top-1 drop above this (points) is an error."
+    )
 
 
-def finding(code: str, level: str, message: str, suggestion: str, **figures: Any) -> dict[str, Any]:
+def finding(code: str, level: str, message: str, suggestion: str, **figures: Any) -> Finding:
     return {"code": code, "level": level, "message": message, "suggestion": suggestion, **figures}
 
 
-def _slower_hint(entry: dict[str, Any]) -> str:
+def _slower_hint(entry: VariantEntry) -> str:
     found = PASSES.find(entry.get("pass"))
     hint = found.hint("slower", entry) if found is not None else None
     return hint or "keep the parent variant for this setting"
 
 
-def _fidelity_hint(entry: dict[str, Any], parent: dict[str, Any] | None) -> str:
+def _fidelity_hint(entry: VariantEntry, parent: VariantEntry | None) -> str:
     found = PASSES.find(entry.get("pass"))
     if found is not None and found.has("exports") and parent is not None:
         # an export keeps its parent's arithmetic: the parent's pass is what to change
@@ -68,76 +139,140 @@ def _fidelity_hint(entry: dict[str, Any], parent: dict[str, Any] | None) -> str:
     return hint or "compare the variant's outputs with its parent's to find the layer that diverges"
 
 
-def _latency(entry: dict[str, Any], key: str = "p50_ms") -> dict[tuple[Any, ...], float]:
-    """Latency per setting; a setting is one node, device, batch size and thread count."""
-    return {
-        (m["device"], m["batch_size"], m["threads"], m.get("node")): m.get(key, 0.0)
-        for m in entry.get("latency") or []
-    }
+def _speedups(entry: VariantEntry, parent: VariantEntry) -> dict[tuple[Any, ...], Ratio]:
+    """The entry's speed-up over its parent at every setting both were timed at: paired by round
+    where both were retimed in the same rounds, else one reading (no interval)."""
+    theirs = {setting(m): m for m in latencies(parent)}
+    out = {}
+    for m in latencies(entry):
+        p = theirs.get(setting(m))
+        if p is None or not p.get("p50_ms") or not m.get("p50_ms"):
+            continue
+        a, b = p.get("round_p50_ms") or [], m.get("round_p50_ms") or []
+        if len(a) == len(b) >= 2:
+            out[setting(m)] = paired_ratio(a, b)
+        else:
+            out[setting(m)] = Ratio(p["p50_ms"] / m["p50_ms"], None, None, 1)
+    return out
 
 
-def check_speed(entry: dict[str, Any], parent: dict[str, Any], t: HealthConfig) -> list[dict[str, Any]]:
-    """Slower than the parent: beyond the tolerance and beyond the parent's own p90 (noise)."""
+def check_speed(entry: VariantEntry, parent: VariantEntry, t: HealthConfig) -> list[Finding]:
+    """Slower than the parent only where the speed-up's interval lies wholly below
+    1 - ``slower_tolerance``: a warning, or an error when that holds at every measured setting
+    with at least 3 rounds. One round has no interval: beyond the tolerance and the parent's own
+    p90 it is an unconfirmed warning. An interval that spans 1 is an info finding."""
     if PASSES.has_trait(entry.get("pass"), "same_architecture"):
         return []
-    mine, theirs, band = _latency(entry), _latency(parent), _latency(parent, "p90_ms")
-    shared = [k for k in mine if k in theirs and theirs[k] > 0]
-    slower = [k for k in shared if mine[k] > max(theirs[k] * (1 + t.slower_tolerance), band.get(k, 0.0))]
-    if not slower:
-        return []
-    settings = ", ".join(f"{k[0]} b{k[1]} ({theirs[k] / mine[k]:.2f}x)" for k in slower)
-    everywhere = len(slower) == len(shared)
-    return [
-        finding(
-            "slower_than_parent",
-            "error" if everywhere else "warning",
-            f"slower than {parent['name']} at {settings}"
-            + (" (every measured setting)" if everywhere else ""),
-            _slower_hint(entry),
-            settings=[
-                {"device": k[0], "batch_size": k[1], "node": k[3], "speedup": round(theirs[k] / mine[k], 3)}
-                for k in slower
-            ],
-        )
+    ratios = _speedups(entry, parent)
+    band = {setting(m): m.get("p90_ms", 0.0) for m in latencies(parent)}
+    mine = {setting(m): m["p50_ms"] for m in latencies(entry)}
+    bound = 1 - t.slower_tolerance
+    confirmed = [k for k, r in ratios.items() if r.below(bound)]
+    unconfirmed = [
+        k
+        for k, r in ratios.items()
+        if not r.has_interval and r.value < 1 / (1 + t.slower_tolerance) and mine[k] > band.get(k, 0.0)
     ]
+    out = []
+    slower = confirmed or unconfirmed
+    if slower:
+        every = len(confirmed) == len(ratios) and all(r.rounds >= 3 for r in ratios.values())
+        shown = ", ".join(f"{k[1]} b{k[2]} ({_ratio_text(ratios[k])})" for k in slower)
+        note = " (every measured setting)" if every else ""
+        note += "" if confirmed else " (unconfirmed, 1 round)"
+        out.append(
+            finding(
+                "slower_than_parent",
+                "error" if confirmed and every else "warning",
+                f"slower than {parent['name']} at {shown}{note}",
+                _slower_hint(entry),
+                confirmed=bool(confirmed),
+                settings=[
+                    {"device": k[1], "batch_size": k[2], "node": k[0], **ratios[k].as_fields()}
+                    for k in slower
+                ],
+            )
+        )
+    spanning = [k for k, r in ratios.items() if r.spans(1.0)]
+    if spanning:
+        shown = ", ".join(f"{k[1]} b{k[2]} ({_ratio_text(ratios[k])})" for k in spanning)
+        out.append(
+            finding(
+                "no_measurable_speedup",
+                "info",
+                f"no measurable speed difference from {parent['name']} at {shown}: the 95% interval spans 1",
+                "more `latency.rounds` narrow the interval; a larger batch may show a difference",
+            )
+        )
+    return out
+
+
+def _ratio_text(r: Ratio) -> str:
+    if not r.has_interval:
+        return f"{r.value:.2f}x"
+    return f"{r.value:.2f}x, 95% {r.low:.2f}-{r.high:.2f}"
 
 
 def check_fidelity(
-    entry: dict[str, Any], parent: dict[str, Any] | None, task: str, t: HealthConfig
-) -> list[dict[str, Any]]:
+    entry: VariantEntry, parent: VariantEntry | None, task: str, t: HealthConfig
+) -> list[Finding]:
     """Class scores are judged by what they decide (top-1 agreement with the baseline; with
-    labels, the accuracy drop warns), features by their cosine similarity: the logits of a
-    distilled or quantized classifier may be rescaled while every decision stays the same."""
-    acc = entry.get("accuracy") or {}
+    labels, the accuracy drop), features by their cosine similarity: the logits of a distilled
+    or quantized classifier may be rescaled while every decision stays the same. With labels the
+    top-1 drop is judged whatever ``evaluate.metrics`` lists; a cosine that is not a number is an
+    error (the outputs are not finite, or constant)."""
+    acc = accuracy_of(entry)
+    hint = _fidelity_hint(entry, parent)
+    cosine = acc.get("cosine_similarity")
+    if cosine is not None and not math.isfinite(cosine):
+        message = f"cosine to the baseline is {cosine}: the outputs are not finite, or constant"
+        return [finding("fidelity_collapsed", "error", message, hint)]
     agreement = acc.get("top1_agreement")
     classes = task == "classification" and agreement is not None
     value, unit, low, warn = (
         (agreement, "top-1 agreement", t.min_agreement, t.warn_agreement)
         if classes
-        else (acc.get("cosine_similarity"), "cosine", t.min_cosine, t.warn_cosine)
+        else (cosine, "cosine", t.min_cosine, t.warn_cosine)
     )
-    if value is None:
-        return []
-    shown = f"{value:.1f}%" if classes else f"{value:.4f}"
+    shown = (f"{value:.1f}%" if classes else f"{value:.4f}") if value is not None else ""
     bound = (lambda b: f"{b:g}%") if classes else (lambda b: f"{b:g}")
-    if value < low:
+    if value is not None and value < low:
         message = f"fidelity to the baseline collapsed: {unit} {shown} < {bound(low)}"
-        return [finding("fidelity_collapsed", "error", message, _fidelity_hint(entry, parent))]
+        return [finding("fidelity_collapsed", "error", message, hint)]
     drop = acc.get("top1_drop")
     if drop is not None:  # with labels, accuracy is what degrades: a fine-tuned variant may
         # disagree with the baseline exactly where the baseline was wrong
+        if drop > t.max_accuracy_drop_error:
+            message = f"top-1 accuracy dropped {drop:.2f} points (> {t.max_accuracy_drop_error:g})"
+            return [finding("fidelity_collapsed", "error", message, hint)]
         if drop > t.warn_accuracy_drop:
             message = f"top-1 accuracy dropped {drop:.2f} points (> {t.warn_accuracy_drop:g})"
-            return [finding("fidelity_degraded", "warning", message, _fidelity_hint(entry, parent))]
+            return [finding("fidelity_degraded", "warning", message, hint)]
         return []
-    if value < warn:
+    if value is not None and value < warn:
         message = f"fidelity to the baseline degraded: {unit} {shown} < {bound(warn)}"
-        return [finding("fidelity_degraded", "warning", message, _fidelity_hint(entry, parent))]
+        return [finding("fidelity_degraded", "warning", message, hint)]
     return []
 
 
-def check_graph(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    info = entry.get("info") or {}
+def within_constraints(findings: list[Finding]) -> list[Finding]:
+    """Fidelity findings of a variant that meets the recipe's explicit fidelity constraints: the
+    default thresholds then only inform."""
+    out = []
+    for f in findings:
+        if f["code"] in ("fidelity_collapsed", "fidelity_degraded") and f["level"] != "info":
+            f = {
+                **f,
+                "level": "info",
+                "message": f"{f['message']}; it meets the recipe's fidelity constraints, so this is the "
+                "default threshold's note only",
+            }
+        out.append(f)
+    return out
+
+
+def check_graph(entry: VariantEntry) -> list[Finding]:
+    info = info_of(entry)
     graph = info.get("graph")
     if not graph:
         return []
@@ -197,9 +332,9 @@ def check_graph(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def check_size(entry: dict[str, Any], parent: dict[str, Any]) -> list[dict[str, Any]]:
-    mine = (entry.get("size") or {}).get("bytes")
-    theirs = (parent.get("size") or {}).get("bytes")
+def check_size(entry: VariantEntry, parent: VariantEntry) -> list[Finding]:
+    mine = size_bytes(entry)
+    theirs = size_bytes(parent)
     if not (entry.get("quantized") and mine and theirs and mine > theirs):
         return []
     return [
@@ -213,27 +348,43 @@ def check_size(entry: dict[str, Any], parent: dict[str, Any]) -> list[dict[str, 
     ]
 
 
-def check_outputs(entry: dict[str, Any]) -> list[dict[str, Any]]:
+def check_outputs(entry: VariantEntry) -> list[Finding]:
+    """Outputs that are not finite (an error), or that barely vary between samples relative to
+    their own scale (random or untrained weights, a dead network: fidelity then says little)."""
     stats = entry.get("outputs") or {}
-    spread = stats.get("spread")
-    if spread is None or spread > 1e-6:
+    bad = stats.get("non_finite")
+    if bad:
+        return [
+            finding(
+                "non_finite_outputs",
+                "error",
+                f"{bad} output values are NaN or infinite",
+                "float16 overflows: use bfloat16 or float32; for int8, check the calibration data; "
+                "for pruned or fine-tuned variants, lower the learning rate",
+                count=bad,
+            )
+        ]
+    spread, scale = stats.get("spread"), stats.get("mean_abs", stats.get("max_abs"))
+    if spread is None or stats.get("samples", 2) < 2 or not math.isfinite(spread):
+        return []
+    relative = spread / scale if scale else 0.0
+    if relative > 1e-6:
         return []
     return [
         finding(
             "degenerate_outputs",
             "warning",
-            f"the outputs barely vary between samples (spread {spread:.2g}, "
-            f"max |x| {stats.get('max_abs', 0):.2g}): "
-            "random or untrained weights? Fidelity figures then say little",
+            f"the outputs barely vary between samples (spread {spread:.2g}, {relative:.2g} of their mean "
+            f"magnitude {scale or 0:.2g}): random or untrained weights? Fidelity figures then say little",
             "load trained weights; for random models recalibrate BatchNorm statistics on real inputs",
         )
     ]
 
 
-def check_memory(entry: dict[str, Any], capacity: dict[str, float] | None) -> list[dict[str, Any]]:
+def check_memory(entry: VariantEntry, capacity: dict[str, float] | None) -> list[Finding]:
     """A variant that needs more memory than its device has (CUDA total, CPU available)."""
     over = []
-    for m in entry.get("latency") or []:
+    for m in latencies(entry):
         need, device = m.get("peak_memory_mb"), m["device"]
         have = (capacity or {}).get("cuda" if device.startswith("cuda") else "cpu")
         if need is not None and have and need > have:
@@ -250,8 +401,8 @@ def check_memory(entry: dict[str, Any], capacity: dict[str, float] | None) -> li
     ]
 
 
-def check_export(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    fixed = (entry.get("info") or {}).get("fixed_axes")
+def check_export(entry: VariantEntry) -> list[Finding]:
+    fixed = info_of(entry).get("fixed_axes")
     if not fixed:
         return []
     return [
@@ -265,34 +416,39 @@ def check_export(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def check(
-    entry: dict[str, Any],
-    parent: dict[str, Any] | None,
+    entry: VariantEntry,
+    parent: VariantEntry | None,
     task: str = "classification",
     thresholds: HealthConfig | None = None,
     capacity: dict[str, float] | None = None,
-) -> list[dict[str, Any]]:
+    meets_constraints: bool = False,
+) -> list[Finding]:
     """Every finding about one measured variant (``parent``: the entry it was built from;
-    ``capacity``: MiB of memory per device kind, ``cpu`` and ``cuda``)."""
+    ``capacity``: MiB of memory per device kind, ``cpu`` and ``cuda``; ``meets_constraints``: it
+    meets the recipe's explicit fidelity constraints, so default fidelity thresholds only inform)."""
     t = thresholds or HealthConfig()
-    out: list[dict[str, Any]] = []
+    out: list[Finding] = []
     if entry.get("status") != "ok":
         return out
     out += check_outputs(entry)
     if parent is not None and parent.get("status") == "ok":
         out += check_speed(entry, parent, t)
         out += check_size(entry, parent)
-    out += check_fidelity(entry, parent, task, t)
+    fidelity = check_fidelity(entry, parent, task, t)
+    out += within_constraints(fidelity) if meets_constraints else fidelity
     out += check_graph(entry)
     out += check_export(entry)
     out += check_memory(entry, capacity)
     return sorted(out, key=lambda f: LEVELS.index(f["level"]))
 
 
-def flags(findings: list[dict[str, Any]]) -> str:
+def flags(findings: list[Finding]) -> str:
     """The table's flag cell: errors and warnings, shortest first (info findings stay in the report)."""
     marks = {"error": "✖", "warning": "⚠"}
     return " ".join(
-        f"{marks[f['level']]} {FLAG.get(f['code'], f['code'])}" for f in findings if f["level"] in marks
+        f"{marks[f['level']]} {FLAG.get(f['code'], f['code'])}{'?' if f.get('confirmed') is False else ''}"
+        for f in findings
+        if f["level"] in marks
     )
 
 
@@ -301,7 +457,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     counts = {level: 0 for level in LEVELS}
     worst = []
     for v in results.get("variants", []):
-        for f in v.get("health") or []:
+        for f in findings_of(v):
             counts[f["level"]] += 1
             if f["level"] != "info":
                 worst.append(f"{v['name']}: {FLAG.get(f['code'], f['code'])}")

@@ -24,6 +24,7 @@ from ..evaluate.size import module_params, onnx_params, size_report
 from ..inputs import batch_size
 from ..progress import NullProgress, Progress
 from ..recipe import EvaluateConfig
+from ..results import accuracy_of, size_of
 from ..variant import Variant
 
 log = logging.getLogger("torchtame")
@@ -43,10 +44,21 @@ def packs_per_shape(v: Variant) -> bool:
 
 def output_stats(outputs: torch.Tensor) -> dict[str, Any]:
     """How much the measured output varies between samples (nearly constant outputs make
-    fidelity figures meaningless: random weights, a dead network)."""
+    fidelity figures meaningless: random weights, a dead network), over its finite values, and
+    how many values are not finite."""
     flat = outputs.float().reshape(outputs.shape[0], -1)
-    spread = flat.std(dim=0).mean().item() if flat.shape[0] > 1 else float("nan")
-    return {"shape": list(outputs.shape[1:]), "max_abs": flat.abs().max().item(), "spread": spread}
+    finite = torch.isfinite(flat)
+    bad = int((~finite).sum().item())
+    clean = torch.where(finite, flat, torch.zeros_like(flat))
+    spread = clean.std(dim=0).mean().item() if flat.shape[0] > 1 else None
+    return {
+        "shape": list(outputs.shape[1:]),
+        "samples": flat.shape[0],
+        "max_abs": clean.abs().max().item() if clean.numel() else 0.0,
+        "mean_abs": clean.abs().mean().item() if clean.numel() else 0.0,
+        "spread": spread,
+        "non_finite": bad,
+    }
 
 
 @dataclass
@@ -101,8 +113,7 @@ class Measurer:
                     self.progress.status(f"{v.name}: accuracy on {device}")
                     outputs, labels = predict(run, prepare, self.data.evaluation, self.output)
                     out["accuracy"] = self.accuracy(v.name, outputs, labels, device)
-                    if v.name == "baseline":
-                        out["outputs"] = output_stats(outputs)
+                    out["outputs"] = output_stats(outputs)
                 if not lat.enabled:
                     continue
                 for bs in lat.batch_sizes:
@@ -157,7 +168,7 @@ class Measurer:
                 except Exception as exc:
                     log.debug("MACs of %s not counted: %s", v.name, exc)
             elif parent_entry is not None:  # int8/ONNX graphs do the float parent's arithmetic
-                macs = (parent_entry.get("size") or {}).get("macs")
+                macs = size_of(parent_entry).get("macs")
                 source = f"inherited from {parent_entry['name']}" if macs is not None else None
         report = size_report(params, files, macs)
         report["macs_source"] = source
@@ -218,7 +229,7 @@ class Measurer:
 
     def restore_baseline(self, baseline: Variant, entry: dict[str, Any]) -> None:
         """Recompute the baseline's outputs (fidelity of the variants still to build needs them)."""
-        device = (entry.get("accuracy") or {}).get("device", "cpu")
+        device = accuracy_of(entry).get("device", "cpu")
         with make_runner(baseline, device if device in self.devices else "cpu") as (run, prepare):
             self.baseline_outputs, _ = predict(run, prepare, self.data.evaluation, self.output)
-        self.baseline_accuracy = entry.get("accuracy") or {}
+        self.baseline_accuracy = accuracy_of(entry)

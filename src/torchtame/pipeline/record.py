@@ -15,7 +15,9 @@ from .._warnings import caught
 from ..errors import TorchtameError, first_line
 from ..evaluate.health import check as check_health
 from ..evaluate.health import summary as health_summary
+from ..evaluate.stats import paired_ratio, spread
 from ..recipe import Recipe
+from ..results import VariantEntry, latencies, setting
 from ..variant import Variant
 from .store import RunStore
 
@@ -34,7 +36,7 @@ class Recorder:
         self.warnings: Counter[str] = Counter()
         self.thresholds = recipe.evaluate.health
 
-    def resumed(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def resumed(self, entry: VariantEntry) -> dict[str, Any]:
         log.info("resumed: %s was finished by the earlier run", entry["name"])
         entry = {**entry, "resumed": True}
         self.store.add(entry)
@@ -43,7 +45,7 @@ class Recorder:
     def failed(self, v: Variant, t0: float, error: str, warns: Counter[str] | None = None) -> dict[str, Any]:
         """A variant that could not be built (or measured): its lineage and the reason."""
         made = v.to_entry()
-        entry: dict[str, Any] = {"name": v.name, "status": "failed"}
+        entry: VariantEntry = {"name": v.name, "status": "failed"}
         entry.update({k: made[k] for k in ("pass", "from", "lineage", "options")})
         entry["error"] = error
         log.warning("variant %s failed: %s", v.name, first_line(error, 500))
@@ -71,17 +73,17 @@ class Recorder:
                 v, t0, f"measuring failed: {type(exc).__name__}: {str(exc).strip()[:300]}", warns
             )
         made = v.to_entry()
-        entry: dict[str, Any] = {"name": v.name, "status": "ok"}
+        entry: VariantEntry = {"name": v.name, "status": "ok"}
         entry.update({k: made.pop(k) for k in ("pass", "from", "lineage", "options")})
         made.pop("name")
         entry.update({**made, "artifact": self.store.relative(files), **figures})
-        self._memory_ratios(entry)
+        self._against_baseline(entry)
         entry.setdefault("build_s", round(started - t0, 3))
         entry.setdefault("measure_s", round(time.perf_counter() - started, 3))
         self.check(entry)
         return self._add(entry, t0, warns)
 
-    def _add(self, entry: dict[str, Any], t0: float, warns: Counter[str] | None) -> dict[str, Any]:
+    def _add(self, entry: VariantEntry, t0: float, warns: Counter[str] | None) -> dict[str, Any]:
         entry["duration_s"] = round(time.perf_counter() - t0, 3)
         if warns:
             entry["warnings_caught"] = sum(warns.values())
@@ -90,17 +92,22 @@ class Recorder:
         self.store.add(entry)
         return entry
 
-    def _memory_ratios(self, entry: dict[str, Any]) -> None:
-        """Each reading's ratio to the baseline's (same node, device, batch)."""
+    def _against_baseline(self, entry: VariantEntry) -> None:
+        """Each timing's speed-up and memory ratio against the baseline's at the same setting
+        (node, device, batch, threads), and the spread of its memory readings. One timing has no
+        interval; the side-by-side rounds (:mod:`.rounds`) replace these with paired figures."""
         base = self.store.entry("baseline") if entry["name"] != "baseline" else entry
-        ref = {
-            (m["device"], m["batch_size"], m.get("node")): m.get("peak_memory_mb")
-            for m in (base or {}).get("latency") or []
-        }
-        for m in entry.get("latency") or []:
-            mine, theirs = m.get("peak_memory_mb"), ref.get((m["device"], m["batch_size"], m.get("node")))
-            if mine is not None and theirs:
-                m["memory_ratio"] = round(mine / theirs, 4)
+        ref = {setting(m): m for m in latencies(base or {})}
+        for m in latencies(entry):
+            theirs = ref.get(setting(m))
+            if theirs is not None and m.get("p50_ms"):
+                m.update(paired_ratio([theirs["p50_ms"]], [m["p50_ms"]]).as_fields())
+            mine, other = m.get("peak_memory_mb"), (theirs or {}).get("peak_memory_mb")
+            if mine is not None and other:
+                m["memory_ratio"] = round(mine / other, 4)
+            low_high = spread(m.get("memory_samples_mb") or [])
+            if low_high is not None:
+                m["peak_memory_low_mb"], m["peak_memory_high_mb"] = low_high["low"], low_high["high"]
 
     def capacity(self) -> dict[str, float]:
         """MiB of memory per device kind, from the environment the run recorded."""
@@ -113,15 +120,32 @@ class Recorder:
             out["cuda"] = min(d["memory_gib"] for d in gpus) * 1024
         return out
 
-    def check(self, entry: dict[str, Any]) -> None:
+    def check(self, entry: VariantEntry) -> None:
         """The health findings of one measured entry, against its parent's entry."""
         if not self.recipe.evaluate.health.enabled or entry.get("status") != "ok":
             return
         parent = self.store.entry(entry["from"]) if entry.get("from") else None
-        entry["health"] = check_health(entry, parent, self.task, self.thresholds, self.capacity())
+        entry["health"] = check_health(
+            entry,
+            parent,
+            self.task,
+            self.thresholds,
+            self.capacity(),
+            meets_constraints=self._meets_fidelity_constraints(entry),
+        )
         for f in entry["health"]:
             if f["level"] != "info":
                 log.debug("%s: %s. Next: %s", entry["name"], f["message"], f["suggestion"])
+
+    def _meets_fidelity_constraints(self, entry: VariantEntry) -> bool:
+        """Whether the recipe sets fidelity constraints and ``entry`` meets them."""
+        from ..search.selection import fidelity_reasons
+
+        c = self.recipe.constraints
+        if not c.fidelity:
+            return False
+        use_labels = (self.store.results.get("data") or {}).get("labels", "use") == "use"
+        return not fidelity_reasons(entry, c, use_labels)
 
     def close(self) -> None:
         """Check every entry again (a parent measured after its child, with Ray) and log the

@@ -80,6 +80,8 @@ def _json(labels: list[str], notes: list[str], all_rows: list[tuple[str, Row]]) 
                         "p50_ms": m["p50_ms"],
                         "p90_ms": m["p90_ms"],
                         "speedup": row.speedup.get(k),
+                        "speedup_low": (row.interval.get(k) or (None, None))[0],
+                        "speedup_high": (row.interval.get(k) or (None, None))[1],
                         "peak_memory_mb": m.get("peak_memory_mb"),
                     }
                     for k, m in row.latency.items()
@@ -105,8 +107,7 @@ def _cells(all_rows: list[tuple[str, Row]]) -> tuple[list[str], list[list[str]]]
         cells = [label, row.name, row.status, *row.summary_cells()]
         for k in keys:
             m = row.latency.get(k)
-            s = row.speedup.get(k)
-            cells += [fmt_num(m["p50_ms"], 3) if m else "-", f"{s:.2f}x" if s else "-"]
+            cells += [fmt_num(m["p50_ms"], 3) if m else "-", row.speedup_cell(k)]
             if k in with_memory:
                 cells.append(fmt_num(row.memory(k), 1))
         body.append([*cells, row.flags or "-"])

@@ -113,11 +113,21 @@ def _speedups(plt: Any, rows: list[Row], keys: list[tuple[str, int]]) -> str | N
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
         ys = [r.speedup.get(key, 0.0) for r in rows]
-        ax.barh([j + i * width for j in range(len(rows))], ys, height=width, label=f"{key[0]} b{key[1]}")
+        # error bars: the speed-up's 95% interval over paired rounds (none with one round)
+        lows = [y - r.interval[key][0] if key in r.interval else 0.0 for r, y in zip(rows, ys, strict=True)]
+        highs = [r.interval[key][1] - y if key in r.interval else 0.0 for r, y in zip(rows, ys, strict=True)]
+        ax.barh(
+            [j + i * width for j in range(len(rows))],
+            ys,
+            height=width,
+            label=f"{key[0]} b{key[1]}",
+            xerr=[lows, highs] if any(lows) or any(highs) else None,
+            capsize=2,
+        )
     ax.set_yticks([j + width * (len(keys) - 1) / 2 for j in range(len(rows))], [r.name for r in rows])
     ax.invert_yaxis()
     ax.axvline(1.0, c="grey", lw=1)
-    ax.set_xlabel("speed-up vs baseline (p50)")
+    ax.set_xlabel("speed-up vs baseline (p50; bars: 95% interval over paired rounds)")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import first_line
+from ..results import accuracy_of, findings_of, latencies
 from .rows import Row, fmt_num, latency_keys, result_task, rows_from_results
 
 
@@ -23,34 +23,56 @@ def variant_table_cells(results: dict[str, Any]) -> tuple[list[str], list[list[s
     body = []
     for r in rows:
         cells = [r.name, r.parent or "", r.pass_name, r.dtype]
-        if r.status != "ok":
-            error = first_line(r.error, 160)
-            body.append([*cells, *["-"] * (len(Row.SUMMARY_HEAD) + 4 * len(keys) + 1), f"failed: {error}"])
+        if r.status != "ok":  # the reason is a line of its own under the table (Failures)
+            blanks = ["-"] * (len(Row.SUMMARY_HEAD) + 4 * len(keys) + 1)
+            body.append([*cells, *blanks, "failed (see Failures)"])
             continue
         cells += r.summary_cells()
         for k in keys:
             m = r.latency.get(k)
-            s = r.speedup.get(k)
             skipped = next((x["reason"] for x in r.skipped if x["device"] == k[0]), None)
             cells += [
                 fmt_num(m["p50_ms"], 3) if m else (skipped.split(" (")[0] if skipped else "-"),
                 fmt_num(m["p90_ms"], 3) if m else "-",
-                f"{s:.2f}x" if s else "-",
+                r.speedup_cell(k),
                 fmt_num(r.memory(k), 1),
             ]
         chosen = (results.get("selection") or {}).get("chosen") == r.name
         body.append([*cells, r.flags or "-", "ok, chosen" if chosen else "ok"])
-    return head, body
+    return _measured_columns(head, body)
+
+
+EMPTY = {"-", "not measured", "n/a", ""}
+
+
+def _measured_columns(head: list[str], body: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """Leave out a column in which no variant has a figure (top-1 without labels, memory that was
+    not measured): a column of "not measured" tells the reader nothing."""
+    measured = [row for row in body if not row[-1].startswith("failed")]
+
+    def shown(i: int) -> bool:
+        return i < 4 or head[i] in ("flags", "status") or any(row[i] not in EMPTY for row in measured)
+
+    keep = [i for i in range(len(head)) if shown(i)]
+    return [head[i] for i in keep], [[row[i] for i in keep] for row in body]
 
 
 def latency_note(results: dict[str, Any]) -> str:
     settings = results.get("settings", {})
     lat = settings.get("latency", {})
+    rounds = settings.get("latency_rounds") or 1
+    interval = (
+        f"the median over {rounds} shuffled rounds of the per-round ratio, ± half its 95% interval "
+        "(bootstrap over the paired rounds); a compiled variant also shows its speed-up against the "
+        "float model compiled the same way, timed in the same rounds"
+        if rounds > 1
+        else "one reading each, so no interval (set `latency.rounds` for one)"
+    )
     return (
         f"Latency: median (p50) and p90 of at least {lat.get('min_runs')} timed calls and "
         f"{lat.get('min_time_s')} s after {lat.get('warmup')} warm-up calls, "
         f"{settings.get('threads')} threads; speed-up is baseline p50 / variant p50 on the same "
-        "device, batch size and thread count. Peak MiB is the memory one batch needs (CUDA: the "
+        f"device, batch size and thread count: {interval}. Peak MiB is the memory one batch needs (CUDA: the "
         "allocator's peak; CPU: peak resident memory of a fresh process that loads the artefact and "
         "runs the batch, median of several). Size is the saved artefact's bytes. MACs are counted "
         "at the aten level on float models; * marks MACs inherited from the float parent (int8 and ONNX "
@@ -63,7 +85,7 @@ def health_lines(results: dict[str, Any]) -> list[str]:
     marks = {"error": "✖ error", "warning": "⚠ warning", "info": "info"}
     lines = []
     for v in results.get("variants", []):
-        for f in v.get("health") or []:
+        for f in findings_of(v):
             lines.append(f"`{v['name']}` {marks[f['level']]}: {f['message']}. Next: {f['suggestion']}.")
     return lines
 
@@ -110,7 +132,7 @@ def timing_lines(results: dict[str, Any]) -> list[str]:
     """How each device/runtime pair was timed and where its memory figure comes from."""
     seen: dict[tuple[str, str], dict[str, Any]] = {}
     for v in results["variants"]:
-        for m in v.get("latency") or []:
+        for m in latencies(v):
             seen.setdefault((m["device"], m.get("runtime", "pytorch")), m)
     lines = []
     for (device, runtime), m in sorted(seen.items()):
@@ -222,6 +244,12 @@ def data_line(results: dict[str, Any]) -> str:
             f"top-1 accuracy on labelled evaluation data is reported, but the labels were withheld "
             f"from the optimizer: constraints, search and training used the fidelity of {what} to the "
             "baseline only."
+        )
+    measured = any(accuracy_of(v).get("top1") is not None for v in results.get("variants", []))
+    if data.get("has_labels") and task == "classification" and not measured:
+        return (
+            f"the data has labels, but top-1 was not among `evaluate.metrics`: fidelity of {what} to the "
+            "baseline (top-1 agreement of class scores, cosine similarity)."
         )
     if data.get("has_labels") and task == "classification":
         return f"top-1 accuracy on labelled evaluation data, and fidelity of {what} to the baseline."

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..evaluate.health import flags as flag_cell
+from ..results import accuracy_of, findings_of, size_bytes, size_of, speedup_of
 
 MB = 1024 * 1024
 
@@ -29,6 +30,8 @@ class Row:
     macs_inherited: bool = False
     latency: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     speedup: dict[tuple[str, int], float] = field(default_factory=dict)
+    interval: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)  # 95%, paired rounds
+    compiled_speedup: dict[tuple[str, int], float] = field(default_factory=dict)  # vs fp32 compiled
     skipped: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
 
@@ -57,6 +60,16 @@ class Row:
 
     task: str = "classification"
     health: list[dict[str, Any]] = field(default_factory=list)
+
+    def speedup_cell(self, key: tuple[str, int]) -> str:
+        """``4.65x ±0.31`` (half the 95% interval), ``4.65x`` without rounds, ``-`` if unmeasured."""
+        s = self.speedup.get(key)
+        if s is None:
+            return "-"
+        low_high = self.interval.get(key)
+        cell = f"{s:.2f}x ±{(low_high[1] - low_high[0]) / 2:.2f}" if low_high else f"{s:.2f}x"
+        compiled = self.compiled_speedup.get(key)
+        return f"{cell}, {compiled:.2f}x vs compiled" if compiled is not None else cell
 
     def memory(self, key: tuple[str, int]) -> float | None:
         """Peak inference memory (MiB) at one (device, batch size), where it was measured."""
@@ -97,17 +110,18 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
     rows = []
     task = result_task(results)
     base = next((v for v in results["variants"] if v["name"] == "baseline"), None)
-    base_lat = {(m["device"], m["batch_size"], m.get("node")): m for m in (base or {}).get("latency", [])}
-    base_size = ((base or {}).get("size") or {}).get("bytes")
+    base_size = size_bytes(base or {})
     for v in results["variants"]:
-        acc = v.get("accuracy") or {}
-        size = v.get("size") or {}
+        acc = accuracy_of(v)
+        size = size_of(v)
         lat = {(m["device"], m["batch_size"]): m for m in v.get("latency", [])}
-        speed = {}
-        for k, m in lat.items():  # speed-ups only between measurements of one node, device, batch, threads
-            ref = base_lat.get((*k, m.get("node")))
-            if ref is not None and m["p50_ms"] > 0 and ref["threads"] == m["threads"]:
-                speed[k] = ref["p50_ms"] / m["p50_ms"]
+        # speed-ups only between measurements of one node, device, batch and thread count
+        speed = {k: s for k, m in lat.items() if (s := speedup_of(m, base)) is not None}
+        interval = {
+            k: (m["speedup_low"], m["speedup_high"])
+            for k, m in lat.items()
+            if m.get("speedup_low") is not None and m.get("speedup_high") is not None
+        }
         rows.append(
             Row(
                 name=v["name"],
@@ -127,10 +141,14 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
                 macs_inherited=str(size.get("macs_source") or "").startswith("inherited"),
                 latency=lat,
                 speedup=speed,
+                interval=interval,
+                compiled_speedup={
+                    k: m["speedup_compiled"] for k, m in lat.items() if m.get("speedup_compiled") is not None
+                },
                 skipped=v.get("skipped_devices", []),
                 error=v.get("error"),
                 task=task,
-                health=v.get("health") or [],
+                health=findings_of(v),
             )
         )
     return rows

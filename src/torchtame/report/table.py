@@ -8,7 +8,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import first_line
-from .rows import fmt_num, human_count, latency_keys, rows_from_results
+from .rows import Row, fmt_num, human_count, latency_keys, rows_from_results
+
+
+def _rounds(rows: list[Row]) -> str:
+    counts = sorted({m.get("rounds", 1) for r in rows for m in r.latency.values()})
+    return "/".join(map(str, counts))
 
 
 def comparison_table(results: dict[str, Any], title: str | None = None) -> Table:
@@ -29,11 +34,8 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
     table.add_column("flags", justify="left")
     for r in rows:
         if r.status != "ok":
-            table.add_row(
-                f"[red]{r.name}[/red]",
-                "failed",
-                escape(first_line(r.error, 70)),
-                *[""] * (5 + len(keys) + (mem_key is not None)),
+            table.add_row(  # the reason is a line under the table, not a metric cell
+                f"[red]{r.name}[/red]", "[red]failed[/red]", *[""] * (6 + len(keys) + (mem_key is not None))
             )
             continue
         cells = [
@@ -51,8 +53,8 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
                 skipped = next((x["reason"] for x in r.skipped if x["device"] == k[0]), "-")
                 cells.append(skipped.split(" (")[0])
                 continue
-            s = r.speedup.get(k)
-            cells.append(f"{m['p50_ms']:.3f} ({s:.2f}x)" if s else f"{m['p50_ms']:.3f}")
+            s = r.speedup_cell(k)
+            cells.append(f"{m['p50_ms']:.3f} ({s})" if s != "-" else f"{m['p50_ms']:.3f}")
         if mem_key is not None:
             cells.append(fmt_num(r.memory(mem_key), 1))
         flags = r.flags
@@ -64,8 +66,16 @@ def comparison_table(results: dict[str, Any], title: str | None = None) -> Table
     notes = [f"{d['requested']}: {d['reason']}" for d in unavailable]
     if any(r.macs_inherited for r in rows):
         notes.append("* MACs inherited from the float parent")
+    if any(r.interval for r in rows):
+        notes.append(
+            f"(x ±h): speed-up vs baseline, ± half its 95% interval over {_rounds(rows)} paired rounds"
+        )
     if any(r.flags for r in rows):
-        notes.append("flags: health findings (✖ error, ⚠ warning); details and next steps in report.md")
-    if notes:
-        table.caption = "; ".join(notes)
+        notes.append(
+            "flags: health findings (✖ error, ⚠ warning, ? unconfirmed: 1 round); details and next steps in "
+            "report.md"
+        )
+    failed = [f"✖ {r.name} failed: {escape(first_line(r.error, 160))}" for r in rows if r.status != "ok"]
+    if notes or failed:
+        table.caption = "\n".join([*failed, "; ".join(notes)] if notes else failed)
     return table

@@ -6,14 +6,15 @@ from typing import Any
 
 from ..errors import first_line
 from ..recipe import Constraints
+from ..results import VariantEntry, accuracy_of, latency_at, size_bytes
 
 MIB = 1024 * 1024
 
 
-def accuracy_drop(entry: dict[str, Any], use_labels: bool = True) -> tuple[float | None, str]:
+def accuracy_drop(entry: VariantEntry, use_labels: bool = True) -> tuple[float | None, str]:
     """Top-1 drop in points, or (where the optimizer has no labels) 100 - agreement with the
     baseline."""
-    acc = entry.get("accuracy") or {}
+    acc = accuracy_of(entry)
     if use_labels and "top1_drop" in acc:
         return acc["top1_drop"], "top-1"
     if entry.get("name") == "baseline":
@@ -23,23 +24,21 @@ def accuracy_drop(entry: dict[str, Any], use_labels: bool = True) -> tuple[float
     return None, "not measured"
 
 
-def latency_of(entry: dict[str, Any], device: str, batch: int, key: str = "p50_ms") -> float | None:
-    for m in entry.get("latency", []):
-        if m["device"] == device and m["batch_size"] == batch:
-            return m.get(key)
-    return None
+def latency_of(entry: VariantEntry, device: str, batch: int, key: str = "p50_ms") -> float | None:
+    m = latency_at(entry, device, batch)
+    return m.get(key) if m is not None else None
 
 
-def fidelity(entry: dict[str, Any], name: str) -> float | None:
+def fidelity(entry: VariantEntry, name: str) -> float | None:
     """Cosine or agreement to the baseline (the baseline is 1.0 / 100% by definition)."""
-    acc = entry.get("accuracy") or {}
+    acc = accuracy_of(entry)
     key = "cosine_similarity" if name == "cosine" else "top1_agreement"
     if entry.get("name") == "baseline" and acc.get(key) is None:
         return 1.0 if name == "cosine" else 100.0
     return acc.get(key)
 
 
-def fidelity_reasons(entry: dict[str, Any], c: Constraints, use_labels: bool = True) -> list[str]:
+def fidelity_reasons(entry: VariantEntry, c: Constraints, use_labels: bool = True) -> list[str]:
     """Why a variant misses the accuracy / fidelity constraints (empty if it meets them)."""
     reasons = []
     if c.max_accuracy_drop is not None:
@@ -64,13 +63,13 @@ def fidelity_reasons(entry: dict[str, Any], c: Constraints, use_labels: bool = T
 
 
 def verdict(
-    entry: dict[str, Any], c: Constraints, device: str, batch: int, use_labels: bool = True
+    entry: VariantEntry, c: Constraints, device: str, batch: int, use_labels: bool = True
 ) -> dict[str, Any]:
     """Whether one variant meets the constraints, with the figures and the reasons it fails."""
     reasons: list[str] = []
     drop, _ = accuracy_drop(entry, use_labels)
     lat = latency_of(entry, device, batch)
-    size = (entry.get("size") or {}).get("bytes")
+    size = size_bytes(entry)
     if entry.get("status") != "ok":
         reasons.append("failed: " + first_line(entry.get("error"), 120))
     else:

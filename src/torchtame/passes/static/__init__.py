@@ -23,6 +23,7 @@ from ...evaluate.latency import measure_latency
 from ...inputs import call, select_output
 from ...onnx_runtime import compare_outputs
 from ...registry import register_pass
+from ...results import info_of
 from ...runtime import check_backend, compiled, quantized_engine
 from ...variant import PassContext, Variant
 from .._select import match_modules, module_types, require_float
@@ -187,7 +188,7 @@ NAME = "quantize.static"
 
 
 def _slower_hint(entry: dict[str, Any]) -> str:
-    if (entry.get("info") or {}).get("mode") == "fx":
+    if info_of(entry).get("mode") == "fx":
         return (
             "try `mode: pt2e` (compiled by Inductor) or quantize.onnx; at batch 1 int8 overhead can "
             "exceed the gain"
