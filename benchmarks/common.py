@@ -7,6 +7,7 @@ p50s. Machine drift then hits all rows alike instead of the ones timed last.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import json
@@ -14,6 +15,7 @@ import platform
 import random
 import re
 import statistics
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -73,25 +75,81 @@ def agreement(ref: torch.Tensor, out: torch.Tensor) -> float:
     return 100.0 * (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
 
 
-def write_section(
-    name: str, title: str, command: str, seconds: float, body: list[str], data: dict[str, Any]
-) -> None:
-    """Replace this benchmark's section of RESULTS.md and write its raw figures as JSON."""
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+def parser(doc: str | None, quick_help: str) -> argparse.ArgumentParser:
+    """Every benchmark's arguments: ``--quick`` (tiny sizes, written to a scratch directory unless
+    ``--results-dir`` says where) and ``--results-dir``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=f"{quick_help}; writes to a scratch directory")
+    ap.add_argument(
+        "--results-dir",
+        type=Path,
+        default=None,
+        help="where RESULTS.md and results/*.json go (default: benchmarks/, or a scratch dir with --quick)",
+    )
+    return ap
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    """benchmarks/ for a real run; a scratch directory (or ``--results-dir``) for ``--quick``."""
+    if args.results_dir is not None:
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        return Path(args.results_dir)
+    return Path(tempfile.mkdtemp(prefix="torchtame-bench-")) if args.quick else HERE
+
+
+def section_text(name: str, data: dict[str, Any], render: Callable[[dict[str, Any]], list[str]]) -> str:
+    """A RESULTS.md section, rendered from its JSON alone (``meta`` and what ``render`` reads)."""
+    meta = data["meta"]
     head = [
-        f"- command: `{command}`",
-        f"- date: {dt.date.today().isoformat()}; took {seconds:.0f} s",
-        f"- machine: {machine()}",
+        f"- command: `{meta['command']}`",
+        f"- date: {meta['date']}; took {meta['seconds']:.0f} s",
+        f"- machine: {meta['machine']}",
         f"- raw figures: `benchmarks/results/{name}.json`",
         "",
     ]
-    section = "\n".join([f"<!-- {name}:start -->", f"## {title}", "", *head, *body, f"<!-- {name}:end -->"])
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.is_file() else "# Benchmark results\n"
+    title = [f"<!-- {name}:start -->", f"## {meta['title']}", ""]
+    return "\n".join([*title, *head, *render(data), f"<!-- {name}:end -->"])
+
+
+def publish(
+    out: Path,
+    name: str,
+    title: str,
+    command: str,
+    seconds: float,
+    data: dict[str, Any],
+    render: Callable[[dict[str, Any]], list[str]],
+) -> str:
+    """Write ``out/results/NAME.json`` (the figures and how they were made) and replace this
+    benchmark's section of ``out/RESULTS.md`` with what ``render`` makes of that JSON."""
+    meta = {
+        "title": title,
+        "command": command,
+        "date": dt.date.today().isoformat(),
+        "seconds": round(seconds, 1),
+        "machine": machine(),
+    }
+    data = {"meta": meta, **data}
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    text_json = json.dumps(data, indent=2, default=_plain) + "\n"
+    (out / "results" / f"{name}.json").write_text(text_json, encoding="utf-8")
+    section = section_text(name, json.loads(text_json), render)  # exactly what a re-render sees
+    results = out / "RESULTS.md"
+    text = results.read_text(encoding="utf-8") if results.is_file() else "# Benchmark results\n"
     pattern = re.compile(rf"<!-- {name}:start -->.*?<!-- {name}:end -->", re.S)
     text = (
         pattern.sub(lambda _: section, text)
         if pattern.search(text)
         else text.rstrip() + "\n\n" + section + "\n"
     )
-    RESULTS.write_text(text, encoding="utf-8")
+    results.write_text(text, encoding="utf-8")
+    print(f"wrote {results} (section {name}) and {out / 'results' / f'{name}.json'}")
+    return section
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")

@@ -1,6 +1,6 @@
 """Static int8: torch.ao FX versus PT2E (torchao, compiled), and what `mode: auto` chooses.
 
-    .venv/bin/python benchmarks/int8_modes.py [--quick] [--batch 8] [--min-time 1.0]
+    .venv/bin/python benchmarks/int8_modes.py [--quick] [--batch 8] [--min-time 1.0] [--results-dir D]
 
 Models: torchvision resnet18, mobilenet_v2, mobilenet_v3_small, timm tf_efficientnet_lite0
 (random init; its convolutions are Conv2dSame subclasses that pad in forward), a ported
@@ -18,7 +18,6 @@ agreement are against fp32 on held-out inputs.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -30,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.samepad
 
-from common import agreement, cosine, interleaved_p50, write_section
+from common import agreement, cosine, interleaved_p50, out_dir, parser, publish
 
 from torchtame import apply_pass, load_data
 from torchtame.data import DigitsData, SyntheticData
@@ -47,15 +46,15 @@ def models(quick: bool) -> list[tuple[str, Any, Any]]:
     from torchtame.zoo import digits_cnn
 
     out = []
+    small = load_data(SyntheticData(source="synthetic", shape=[3, 32, 32], num_samples=64, batch_size=8), 0)
+    out.append(("ported-samepad-net", ported_net(), small))
+    if quick:  # the one model where FX and PT2E differ most
+        return out
     digits = load_data(DigitsData(source="digits", batch_size=64), 0)
     torch.manual_seed(0)
     cnn = digits_cnn()
     train(cnn, digits.train, epochs=12, lr=3e-3)
-    out.append(("digits-cnn", cnn.eval(), digits))
-    small = load_data(SyntheticData(source="synthetic", shape=[3, 32, 32], num_samples=64, batch_size=8), 0)
-    out.append(("ported-samepad-net", ported_net(), small))
-    if quick:
-        return out
+    out.insert(0, ("digits-cnn", cnn.eval(), digits))
     images = load_data(
         SyntheticData(source="synthetic", shape=[3, 224, 224], num_samples=64, batch_size=8), 0
     )
@@ -145,27 +144,32 @@ def markdown(rows: list[dict[str, Any]], batch: int) -> list[str]:
         "agreement %",
         f"b{batch} p50 ms",
         "vs fp32 eager",
+        "vs fp32 compiled",
         "compile s",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(
-            f"| {r['model']} | fp32 eager | - | - | 1 | 100 | {r['p50_ms']['fp32 eager']:.3f} | 1.00x | - |"
+            f"| {r['model']} | fp32 eager | - | - | 1 | 100 | {r['p50_ms']['fp32 eager']:.3f} | 1.00x | - "
+            "| - |"
         )
         lines.append(
             f"| {r['model']} | fp32 compiled | - | - | 1 | 100 | {r['p50_ms']['fp32 compiled']:.3f} | "
-            f"{r['speedup_vs_fp32_eager']['fp32 compiled']:.2f}x | {r['fp32_compile_s']} |"
+            f"{r['speedup_vs_fp32_eager']['fp32 compiled']:.2f}x | 1.00x | {r['fp32_compile_s']} |"
         )
         for mode in ("fx", "pt2e", "auto"):
             m = r.get(mode, {})
             if "error" in m:
-                lines.append(f"| {r['model']} | int8 {mode} | failed: {m['error']} | | | | | | |")
+                lines.append(f"| {r['model']} | int8 {mode} | failed: {m['error']} | | | | | | | |")
                 continue
             label = f"int8 {mode}" + (f" (chose {m['built_as']})" if mode == "auto" else "")
+            p50 = r["p50_ms"][f"int8 {mode}"]
+            vs_compiled = f"{r['p50_ms']['fp32 compiled'] / p50:.2f}x" if m["compile_s"] else "-"
             lines.append(
                 f"| {r['model']} | {label} | {m['int8_layers']} | {m['standalone_batchnorms']} | "
-                f"{m['cosine']:.4f} | {m['agreement']:.1f} | {r['p50_ms'][f'int8 {mode}']:.3f} | "
-                f"{r['speedup_vs_fp32_eager'][f'int8 {mode}']:.2f}x | {m['compile_s'] or '-'} |"
+                f"{m['cosine']:.4f} | {m['agreement']:.1f} | {p50:.3f} | "
+                f"{r['speedup_vs_fp32_eager'][f'int8 {mode}']:.2f}x | {vs_compiled} | "
+                f"{m['compile_s'] or '-'} |"
             )
     lines += ["", "What `mode: auto` chose, and why:", ""]
     for r in rows:
@@ -192,12 +196,26 @@ def markdown(rows: list[dict[str, Any]], batch: int) -> list[str]:
     return lines
 
 
+def render(data: dict[str, Any]) -> list[str]:
+    return [
+        "Static int8 by graph mode. torch.ao FX runs its int8 kernels eagerly; PT2E (torchao's X86 "
+        "Inductor quantizer on torchtame's normalised export) runs compiled with weight freezing, so "
+        "it is shown against fp32 compiled the same way as well as against fp32 eager. Every row of "
+        "a model is timed side by side in one process: interleaved rounds in a random order, median "
+        "p50. Random-weight models have BatchNorm statistics from the inputs.",
+        "",
+        *markdown(data["rows"], data["batch"]),
+    ]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="digits CNN and the ported net only")
+    ap = parser(__doc__, "the ported net only, short timings")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--min-time", type=float, default=1.0)
     args = ap.parse_args()
+    if args.quick:
+        args.min_time = min(args.min_time, 0.05)
+    out = out_dir(args)
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
     rows = []
@@ -205,22 +223,9 @@ def main() -> None:
         print(name, flush=True)
         rows.append(bench(name, model, data, args.batch, args.min_time))
     command = "python benchmarks/int8_modes.py" + (" --quick" if args.quick else "")
-    body = [
-        "Static int8 by graph mode. torch.ao FX runs its int8 kernels eagerly; PT2E (torchao's X86 "
-        "Inductor quantizer on torchtame's normalised export) runs compiled with weight freezing. "
-        "Every row of a model is timed side by side in one process: interleaved rounds in a random "
-        "order, median p50. Random-weight models have BatchNorm statistics from the inputs.",
-        "",
-        *markdown(rows, args.batch),
-    ]
-    write_section(
-        "int8_modes",
-        command,
-        time.perf_counter() - t0,
-        ["## Static int8: FX vs PT2E", "", *body],
-        {"rows": rows},
-    )
-    print("wrote benchmarks/RESULTS.md (section int8_modes)")
+    title = "Static int8: FX vs PT2E"
+    figures = {"rows": rows, "batch": args.batch}
+    publish(out, "int8_modes", title, command, time.perf_counter() - t0, figures, render)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """torchtame's variants against what a user would otherwise do by hand, side by side.
 
-    .venv/bin/python benchmarks/peers.py [--quick]      (writes its section of benchmarks/RESULTS.md)
+    .venv/bin/python benchmarks/peers.py [--quick] [--results-dir D]   (its section of benchmarks/RESULTS.md)
 
 Everything runs in one process on the same model, data, inputs and thread count, and every
 latency comes from the same harness (torchtame.evaluate.latency: warm-up, then until a minimum
@@ -16,7 +16,6 @@ rounds; rows whose outputs lost the model are marked, not celebrated.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import functools
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import RESULTS, interleaved_p50, write_section
+from common import interleaved_p50, out_dir, parser, publish
 from torch import nn
 
 from torchtame.data import DataBundle, DigitsData, SyntheticData, load_data
@@ -108,6 +107,7 @@ class Bench:
         backend: str | None = None,
         build_s: float = 0.0,
         fastpath: bool | None = None,
+        compiled: bool = False,
     ) -> None:
         logits, _ = self._outputs(fn, backend)
         cos = torch.nn.functional.cosine_similarity(logits.float(), self.ref.float(), dim=1).mean().item()
@@ -123,6 +123,7 @@ class Bench:
             "fn": fn,
             "backend": backend,
             "fastpath": self.fastpath if fastpath is None else fastpath,
+            "compiled": compiled,
         }
         if self.data.has_labels:
             row["top1"] = round(100 * (logits.argmax(1) == self.labels).float().mean().item(), 2)
@@ -150,10 +151,14 @@ class Bench:
                 r[f"b{bs}_ms"] = p50[key]
                 r[f"b{bs}_speedup"] = base / p50[key]
         direct = {r["approach"]: r for r in self.rows if r["who"] == "direct"}
+        reference = next((r for r in self.rows if r["approach"] == COMPILED_FP32), None)
         for r in self.rows:
             twin = direct.get(r["approach"]) if r["who"] == "torchtame" else None
             for bs in self.batches:
                 r[f"b{bs}_vs_direct"] = twin[f"b{bs}_ms"] / r[f"b{bs}_ms"] if twin else None
+                # a compiled row against fp32 compiled the same way (Inductor, freezing)
+                compared = reference is not None and r.get("compiled")
+                r[f"b{bs}_vs_compiled"] = reference[f"b{bs}_ms"] / r[f"b{bs}_ms"] if compared else None
             shown = "  ".join(
                 f"b{bs} {r[f'b{bs}_ms']:8.3f} ms ({r[f'b{bs}_speedup']:5.2f}x)" for bs in self.batches
             )
@@ -267,6 +272,7 @@ def bench_vision(
     print(f"\n{name}", flush=True)
     b = Bench(name, model, data, batches, min_time)
     b.add("fp32 eager", "pytorch", model, b.fp32_size)
+    b.add(COMPILED_FP32, "pytorch", compiled(model), b.fp32_size, compiled=True)
     q, t = timed(lambda: direct_fx_int8(model, data))
     b.add("int8 static (torch.ao)", "direct", q, file_size(q), "x86", t)
     v, t = timed(lambda: apply_pass("quantize.static", model, data, {"backend": "x86", "mode": "fx"}))
@@ -281,6 +287,7 @@ def bench_vision(
         variant_size(av, data),
         av.backend,
         t,
+        compiled=av.compiled,
     )
     fp32_onnx, t = timed(lambda: direct_onnx(model, data, tmp / f"{name}-direct.onnx"))
     b.add("onnxruntime fp32", "direct", ort_fn(fp32_onnx), file_size(fp32_onnx), None, t)
@@ -338,11 +345,11 @@ def bench_transformer(batches: list[int], min_time: float) -> None:
     torch.manual_seed(0)
     model = Encoder().eval()
     data = load_data(SyntheticData(source="synthetic", shape=[32 * 256], num_samples=32, batch_size=8), 0)
-    # int8 Linears cannot take the fused attention fast path, so every row runs without it (the
-    # same setting on both sides); fp32 with the fast path is timed beside them for reference
+    # the reference is PyTorch's default fp32 (the fused attention fast path on); int8 Linears
+    # cannot take that path, so they run without it, and fp32 without it is timed beside them
     b = Bench("transformer-encoder", model, data, batches, min_time, fastpath=False)
-    b.add("fp32 eager", "pytorch", model, b.fp32_size)
-    b.add("fp32 eager, attention fast path", "pytorch", model, b.fp32_size, fastpath=True)
+    b.add("fp32 eager (default: attention fast path)", "pytorch", model, b.fp32_size, fastpath=True)
+    b.add("fp32 eager, no fast path", "pytorch", model, b.fp32_size)
     q, t = timed(lambda: quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8))
     b.add("int8 dynamic (torch.ao)", "direct", q, file_size(q), "x86", t)
     v, t = timed(lambda: apply_pass("quantize.dynamic", model, data, {"modules": ["Linear"]}))
@@ -350,19 +357,25 @@ def bench_transformer(batches: list[int], min_time: float) -> None:
     b.time()
 
 
-def write_results(command: str, batches: list[int], seconds: float) -> None:
+COMPILED_FP32 = "fp32 compiled (Inductor, freezing)"
+
+
+def render(data: dict[str, Any]) -> list[str]:
+    rows, batches = data["rows"], data["batches"]
     head = ["model", "approach", "who", "fidelity to fp32", "verdict", "size (fp32 = 1)"]
     for bs in batches:
-        head += [f"b{bs} p50 ms", f"b{bs} vs fp32", f"b{bs} ours vs direct"]
+        head += [f"b{bs} p50 ms", f"b{bs} vs fp32", f"b{bs} vs fp32 compiled", f"b{bs} ours vs direct"]
     body = [
         f"- latency: torchtame's harness for every row (3 warm-up calls, then >= 10 calls and "
-        f"{MIN_TIME[0]:g} s), p50; every row of a model, fp32 included, is timed in each of "
-        f"{Bench.ROUNDS} rounds per batch size in a new random order, and keeps the median of its "
-        "p50s; 'vs fp32' > 1 is faster than fp32 eager; 'ours vs direct' > 1 means torchtame's "
+        f"{data['min_time']:g} s), p50; every row of a model, fp32 included, is timed in each of "
+        f"{data['rounds']} rounds per batch size in a new random order, and keeps the median of its "
+        "p50s; 'vs fp32' > 1 is faster than the model's first row, PyTorch's default fp32 eager (for "
+        "the Transformer: with the fused attention fast path); compiled rows are also shown against "
+        "fp32 compiled with the same Inductor settings; 'ours vs direct' > 1 means torchtame's "
         "variant is faster than the direct call",
         "- torch.ao int8 modules get a fresh copy per batch size (x86 int8 packs weights for the first "
-        "shape it sees); the Transformer's rows all run without the attention fast path (int8 "
-        "Linears cannot take it), with fp32 on the fast path timed beside them for reference",
+        "shape it sees); the Transformer's int8 rows run without the attention fast path (int8 "
+        "Linears cannot take it), with fp32 without it timed beside them",
         "- resnet18 / mobilenet_v3_small have random weights (BatchNorm statistics recalibrated on "
         "the inputs) and synthetic inputs, so fidelity is the logits' cosine similarity and top-1 "
         "agreement with fp32; the digits CNN is trained here and shows real top-1",
@@ -373,28 +386,25 @@ def write_results(command: str, batches: list[int], seconds: float) -> None:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for r in ROWS:
+    for r in rows:
         ok = r["verdict"] == "ok"
         cells = [r["model"], r["approach"], r["who"], quality(r), r["verdict"], f"1/{r['size_ratio']:.2f}"]
         for bs in batches:
-            vs, up = r[f"b{bs}_vs_direct"], r[f"b{bs}_speedup"]
+            vs, up, comp = r[f"b{bs}_vs_direct"], r[f"b{bs}_speedup"], r.get(f"b{bs}_vs_compiled")
             cells += [
                 f"{r[f'b{bs}_ms']:.3f}",
                 f"{up:.2f}x" if ok else f"({up:.2f}x)",
+                "-" if comp is None else (f"{comp:.2f}x" if ok else f"({comp:.2f}x)"),
                 f"{vs:.2f}" if vs else "-",
             ]
         body.append("| " + " | ".join(cells) + " |")
-    body += ["", "### Targets", "", *targets(batches)]
-    write_section("peers", "torchtame against direct calls", command, seconds, body, {"rows": ROWS})
+    return [*body, "", "### Targets", "", *targets(rows, batches)]
 
 
-MIN_TIME = [1.0]
-
-
-def targets(batches: list[int]) -> list[str]:
+def targets(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
     """The issue's targets, checked against the rows above."""
     out = []
-    ort = [r for r in ROWS if r["approach"] == "onnxruntime int8 QDQ" and r["who"] == "torchtame"]
+    ort = [r for r in rows if r["approach"] == "onnxruntime int8 QDQ" and r["who"] == "torchtame"]
     worst = min(r[f"b{bs}_vs_direct"] for r in ort for bs in batches)
     out.append(
         f"- torchtame's onnxruntime int8 within 5% of the direct onnxruntime call: worst ratio "
@@ -402,7 +412,7 @@ def targets(batches: list[int]) -> list[str]:
     )
     int8 = [
         r
-        for r in ROWS
+        for r in rows
         if "int8" in r["approach"]
         and "pruned" not in r["approach"]
         and "dynamic" not in r["approach"]
@@ -416,7 +426,7 @@ def targets(batches: list[int]) -> list[str]:
             else "NOT met (biases, BN/activation layers and scales stay float)"
         )
         out.append(f"- int8 size ratio >= 3.9: {r['model']}, {r['approach']}: {r['size_ratio']:.2f} -> {ok}")
-    rn = [r for r in ROWS if r["model"] == "resnet18" and r["verdict"] == "ok"]
+    rn = [r for r in rows if r["model"] == "resnet18" and r["verdict"] == "ok"]
     if rn:
         best = max(rn, key=lambda r: r["b8_speedup"])
         out.append(
@@ -424,18 +434,20 @@ def targets(batches: list[int]) -> list[str]:
             f"at batch 8: {best['approach']} ({best['who']}) {best['b8_speedup']:.1f}x -> "
             f"{'met' if best['b8_speedup'] >= 8 else 'NOT met'}"
         )
-    lost = [f"{r['model']} {r['approach']} ({r['who']})" for r in ROWS if r["verdict"] != "ok"]
+    lost = [f"{r['model']} {r['approach']} ({r['who']})" for r in rows if r["verdict"] != "ok"]
     if lost:
         out.append(f"- rows that are not results (fidelity lost or degenerate): {'; '.join(lost)}")
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="digits CNN and transformer only")
+    ap = parser(__doc__, "digits CNN (2 training epochs) and the Transformer, short timings")
     ap.add_argument("--min-time", type=float, default=0.6)
     args = ap.parse_args()
-    MIN_TIME[0] = args.min_time
+    if args.quick:
+        args.min_time = min(args.min_time, 0.03)
+        Bench.ROUNDS = 2
+    out = out_dir(args)
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
     batches = [1, 8]
@@ -445,7 +457,7 @@ def main() -> None:
     digits = load_data(DigitsData(source="digits", batch_size=64), 0)
     torch.manual_seed(0)
     cnn = digits_cnn()
-    train(cnn, digits.train, epochs=12, lr=3e-3)
+    train(cnn, digits.train, epochs=2 if args.quick else 12, lr=3e-3)
     bench_vision("digits-cnn", cnn, digits, batches, args.min_time, tmp)
     bench_transformer(batches, args.min_time)
     if not args.quick:
@@ -458,8 +470,8 @@ def main() -> None:
             recalibrate_batchnorm(model, [x for x, _ in images.calibration])
             bench_vision(name, model, images, batches, args.min_time, tmp)
     command = "python benchmarks/peers.py" + (" --quick" if args.quick else "")
-    write_results(command, batches, time.perf_counter() - t0)
-    print(f"\nwrote {RESULTS}")
+    data = {"rows": ROWS, "batches": batches, "min_time": args.min_time, "rounds": Bench.ROUNDS}
+    publish(out, "peers", "torchtame against direct calls", command, time.perf_counter() - t0, data, render)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Optimization without labels: a fidelity-constrained search, and recovery by distillation.
 
-    .venv/bin/python benchmarks/unlabeled.py [--steps 150]
+    .venv/bin/python benchmarks/unlabeled.py [--steps 150] [--quick] [--results-dir D]
 
 1. The digits CNN with its labels withheld from the optimizer (recipes/quickstart-unlabeled.yaml:
    `labels: report_only`, `min_agreement: 99`): what the search chooses, its speed-up over fp32 at
@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 import warnings
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import write_section
+from common import out_dir, parser, publish
 from torch.utils.data import TensorDataset
 
 import torchtame
@@ -29,8 +28,17 @@ from torchtame.data import PythonData
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def digits_unlabeled() -> dict[str, Any]:
+def digits_unlabeled(quick: bool) -> dict[str, Any]:
     recipe = torchtame.load_recipe(ROOT / "recipes" / "quickstart-unlabeled.yaml")
+    if quick:  # the same search, narrowed: one ratio, one calibration, short training and timings
+        raw = recipe.model_dump(mode="json", by_alias=True)
+        raw["model"]["train"]["epochs"] = 2
+        raw["search"].update(prune_ratios=[0.5], onnx_methods=["MinMax"], max_float_layers=1)
+        raw["search"]["finetune"]["epochs"] = 1
+        raw["steps"][1]["options"]["epochs"] = 1
+        raw["evaluate"]["memory"] = False
+        raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5)
+        recipe = torchtame.load_recipe(raw)
     recipe.output_dir = Path(tempfile.mkdtemp(prefix="torchtame-bench-"))
     res = torchtame.run(recipe).results
     by = {v["name"]: v for v in res["variants"]}
@@ -55,18 +63,19 @@ def digits_unlabeled() -> dict[str, Any]:
     }
 
 
-def images() -> TensorDataset:
+def images(n: int = 1024) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(1024, 3, 64, 64, generator=g))
+    return TensorDataset(torch.randn(n, 3, 64, 64, generator=g))
 
 
-def resnet18_distill(steps: int) -> dict[str, Any]:
+def resnet18_distill(steps: int, quick: bool) -> dict[str, Any]:
     import torchvision
 
     data = load_data(
         PythonData(
             source="python",
             target="unlabeled:images",
+            kwargs={"n": 128} if quick else {},
             batch_size=32,
             split={"train": 0.75, "calibration": 0.05, "evaluation": 0.2},
         ),
@@ -94,17 +103,9 @@ def resnet18_distill(steps: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=150)
-    args = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    t0 = time.perf_counter()
-    d = digits_unlabeled()
-    print(d, flush=True)
-    r = resnet18_distill(args.steps)
-    print(r, flush=True)
-    body = [
+def render(data: dict[str, Any]) -> list[str]:
+    d, r = data["digits"], data["resnet18"]
+    return [
         "Digits CNN, labels withheld from the optimizer (`recipes/quickstart-unlabeled.yaml`: constraint "
         "`min_agreement: 99` at batch 64; the real top-1 is measured for the report only):",
         "",
@@ -140,16 +141,26 @@ def main() -> None:
         f"- resnet18 50% pruning + distillation: cosine >= 0.9: {r['pruned_cosine']:.4f} -> "
         f"{r['distilled_cosine']:.4f} -> {'met' if r['distilled_cosine'] >= 0.9 else 'NOT met'}",
     ]
-    command = "python benchmarks/unlabeled.py" + (f" --steps {args.steps}" if args.steps != 150 else "")
-    write_section(
-        "unlabeled",
-        "Without labels: fidelity search and distillation",
-        command,
-        time.perf_counter() - t0,
-        body,
-        {"digits": d, "resnet18": r},
+
+
+def main() -> None:
+    ap = parser(__doc__, "a narrowed search, 3 distillation steps on 128 images")
+    ap.add_argument("--steps", type=int, default=150)
+    args = ap.parse_args()
+    if args.quick:
+        args.steps = 3
+    out = out_dir(args)
+    warnings.filterwarnings("ignore")
+    t0 = time.perf_counter()
+    d = digits_unlabeled(args.quick)
+    print(d, flush=True)
+    r = resnet18_distill(args.steps, args.quick)
+    print(r, flush=True)
+    command = "python benchmarks/unlabeled.py" + (
+        " --quick" if args.quick else (f" --steps {args.steps}" if args.steps != 150 else "")
     )
-    print("wrote benchmarks/RESULTS.md (section unlabeled)")
+    title = "Without labels: fidelity search and distillation"
+    publish(out, "unlabeled", title, command, time.perf_counter() - t0, {"digits": d, "resnet18": r}, render)
 
 
 if __name__ == "__main__":

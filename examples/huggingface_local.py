@@ -64,14 +64,15 @@ result = torchtame.run(
         "evaluate": {"latency": {"batch_sizes": [1, 8], "min_time_s": 0.1}, "memory_repeats": 1},
     }
 )
-for v in result.results["variants"]:
-    if v["status"] != "ok":
-        print(f"{v['name']:<14} failed: {v['error'].splitlines()[0]}")
+for v in result.variants.values():
+    if not v.ok:
+        print(f"{v.name:<14} failed: {v.error.splitlines()[0]}")
         continue
-    b8 = next(m for m in v["latency"] if m["batch_size"] == 8)
-    cos = v["accuracy"].get("cosine_similarity", 1.0)
+    b8 = v.latency_at("cpu", 8)
+    # the baseline is the reference (cosine 1 by definition); every other variant has its own figure
+    cos = "reference" if v.name == "baseline" else f"{v.fidelity.cosine:.4f}"
     print(
-        f"{v['name']:<14} cosine {cos:.4f}  size {v['size']['bytes'] / 1e6:6.3f} MB  "
-        f"p50 b8 {b8['p50_ms']:7.3f} ms  peak b8 {b8.get('peak_memory_mb') or 0:6.1f} MiB"
+        f"{v.name:<14} cosine {cos}  size {v.size.bytes / 1e6:6.3f} MB  "
+        f"p50 b8 {b8.p50_ms:7.3f} ms  peak b8 {b8.peak_memory_mb or 0:6.1f} MiB"
     )
 print(f"inputs: {result.results['model']['inputs']}; report: {result.run_dir / 'report.md'}")

@@ -55,7 +55,8 @@ def test_quickstart_onnx_twins_are_verified(quickstart_run) -> None:
     assert set(float32) == {"baseline", "pruned", "pruned-ft"}
     for name in (f"{n}-onnx" for n in float32):
         assert by[name]["status"] == "ok", by[name].get("error")
-        assert by[name]["info"]["parity"]["passed"] == 1.0
+        parity = by[name]["info"]["parity"]
+        assert parity["max_rel_error"] < 1e-4 and parity["cosine_similarity"] > 0.9999, (name, parity)
         assert by[name]["latency"][0]["runtime"] == "onnxruntime"
     assert by["onnx-int8"]["size"]["bytes"] < 0.3 * by["baseline-onnx"]["size"]["bytes"]
 

@@ -78,7 +78,7 @@ def _huggingface_local(out: str) -> None:  # every variant built, bf16 faithful,
     assert "failed" not in out
     assert "input_ids: int64[1, 16]" in out
     bf16 = next(line for line in out.splitlines() if line.startswith("bf16"))
-    assert float(bf16.split()[2]) >= 0.999
+    assert float(bf16.split()[2]) >= 0.999  # printed from its own measurement: no default stands in
     for line in out.splitlines():
         if "peak b8" in line:  # every variant's memory at batch 8 was measured
             assert float(re.search(r"peak b8\s+([\d.]+) MiB", line).group(1)) > 0, line

@@ -34,6 +34,42 @@ def test_criteria_choose_different_channels(trained_cnn, digits) -> None:
     assert not torch.equal(kept["l2"], kept["random"])
 
 
+def _planted_mlp() -> nn.Module:
+    """Four hidden channels on digits where the criteria must disagree: c0 many small weights
+    (large L1, small L2), c1 one large weight on pixel 0, which is 0 in every digit (large norm,
+    no gradient), c2 tiny, c3 nearly parallel to c1 but also on a central pixel."""
+    m = nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.ReLU(), nn.Linear(4, 10))
+    with torch.no_grad():
+        w = torch.zeros(4, 64)
+        w[0, 10:18] = 0.5  # L1 4.0, L2 1.41
+        w[1, 0] = 3.0  # L1 3.0, L2 3.0, but its input is always 0
+        w[2, 20:28] = 0.1  # L1 0.8, L2 0.28
+        w[3, 0], w[3, 36] = 2.9, 0.3  # L1 3.2, L2 2.92, almost the direction of c1
+        m[1].weight.copy_(w)
+        m[1].bias.zero_()
+        m[3].weight.fill_(0.1)
+        m[3].bias.zero_()
+    return m.eval()
+
+
+@pytest.mark.parametrize(
+    ("criterion", "check"),
+    [
+        ("l1", lambda kept: kept == {0, 3}),  # the largest sums of |w|
+        ("l2", lambda kept: kept == {1, 3}),  # the largest norms
+        ("lamp", lambda kept: kept == {1, 3}),  # within one layer LAMP keeps magnitude's order
+        ("taylor", lambda kept: 1 not in kept),  # |w * grad| is 0 where the input is always 0
+        ("fpgm", lambda kept: not {1, 3} <= kept),  # the geometric median drops one of a parallel pair
+    ],
+)
+def test_each_criterion_chooses_by_its_own_rule(digits, criterion, check) -> None:
+    planted = _planted_mlp()
+    v = apply_pass("prune.structured", planted, digits, {"importance": criterion, "ratio": 0.5})
+    rows = v.module[1].weight
+    kept = {i for i in range(4) for row in rows if torch.equal(planted[1].weight[i], row)}
+    assert len(kept) == 2 and check(kept), (criterion, sorted(kept))
+
+
 def test_bn_scale_keeps_the_largest_gammas(trained_cnn, digits) -> None:
     gamma = trained_cnn.features[1].weight.detach().abs()
     keep = set(gamma.argsort(descending=True)[:8].tolist())

@@ -168,8 +168,11 @@ def test_two_node_cluster_records_both_nodes(tmp_path: Path, two_nodes: str) -> 
     used = {m["node"] for v in result.results["variants"] for m in v["latency"]}
     used |= {v["built_on"] for v in result.results["variants"] if v.get("built_on")}
     assert used == nodes
-    from torchtame.report import rows_from_results
-
-    for row in rows_from_results(result.results):  # speed-ups only between one node's measurements
-        for key in row.speedup:
-            assert row.latency[key]["node"] in nodes
+    # every speed-up uses its own node's baseline timing, never the other node's
+    base_p50 = {m["node"]: m["p50_ms"] for m in baseline["latency"]}
+    checked = 0
+    for v in result.results["variants"]:
+        for m in v["latency"]:
+            assert m["speedup"] == pytest.approx(base_p50[m["node"]] / m["p50_ms"], rel=1e-3), (v["name"], m)
+            checked += 1
+    assert checked >= len(result.results["variants"])

@@ -75,7 +75,8 @@ def test_bert_from_a_local_directory_runs_every_pass(bert_dir: Path, tmp_path: P
     assert pruned["info"]["channels"]["encoder.layer.0.intermediate.dense"] == [64, 32]
     assert pruned["size"]["macs"] < 0.6 * base["size"]["macs"]
     twin = _ok(by["baseline-onnx"])
-    assert twin["info"]["parity"]["passed"] == 1.0 and twin["info"]["parity"]["max_abs_error"] < 1e-4
+    parity = twin["info"]["parity"]
+    assert parity["max_abs_error"] < 1e-4 and parity["cosine_similarity"] > 0.9999
     inputs = _onnx_inputs(by["result"].run_dir, "baseline-onnx")
     assert inputs == {
         "input_ids": ("tensor(int64)", ["batch", "sequence"]),
@@ -114,7 +115,8 @@ def test_bert_classifier_with_csv_labels_finetunes(tmp_path: Path, tmp_path_fact
     res = by["result"].results
     assert res["settings"]["task"] == "classification" and res["data"]["has_labels"]
     assert "top1" in _ok(by["baseline"])["accuracy"]
-    assert _ok(by["pruned-ft"])["accuracy"]["top1"] >= 0
+    # "animal" vs "thing" sentences: fine-tuning the half-pruned classifier learns them
+    assert _ok(by["pruned-ft"])["accuracy"]["top1"] >= 90, by["pruned-ft"]["accuracy"]
     assert "top1_agreement" in by["pruned"]["accuracy"]
 
 
@@ -129,7 +131,8 @@ def test_distilbert_with_dict_rows(tmp_path: Path) -> None:
     assert _ok(by["int8-dynamic"])["accuracy"]["cosine_similarity"] >= 0.99
     heads = _ok(by["pruned"])["info"]["attention_heads"]
     assert heads == {f"transformer.layer.{i}.attention": [4, 2] for i in range(2)}
-    assert _ok(by["baseline-onnx"])["info"]["parity"]["passed"] == 1.0
+    parity = _ok(by["baseline-onnx"])["info"]["parity"]
+    assert parity["max_abs_error"] < 1e-4 and parity["cosine_similarity"] > 0.9999 and parity["samples"] >= 8
     assert set(_onnx_inputs(by["result"].run_dir, "baseline-onnx")) == {"input_ids", "attention_mask"}
     _ok(by["onnx-int8"])
     _ok(by["onnx-int8-dynamic"])
@@ -158,9 +161,10 @@ def test_lstm_text_classifier_on_token_ids(tmp_path: Path) -> None:
     }
     assert by["baseline-onnx"]["info"]["fixed_axes"] == ["input_ids: axis 1 fixed at 10"]
     assert _ok(by["onnx-int8-dynamic"])["accuracy"]["top1_agreement"] >= 90
-    for name in ("int8-static", "onnx-int8"):
-        entry = by[name]
-        assert entry["status"] == "ok" or entry["error"], name
+    for name in ("int8-static", "onnx-int8"):  # the Embedding and LSTM stay float; fc and the head int8
+        entry = _ok(by[name])
+        assert entry["accuracy"]["top1_agreement"] >= 95 and entry["accuracy"]["cosine_similarity"] >= 0.99
+        assert entry["info"]["graph"]["int8_layers"] == 2, (name, entry["info"]["graph"])
 
 
 def test_two_image_inputs(tmp_path: Path) -> None:

@@ -75,6 +75,26 @@ def test_report_command_rebuilds(tmp_path: Path) -> None:
 
 def test_write_reports_formats(tmp_path: Path, results: dict) -> None:
     assert [p.name for p in write_reports(tmp_path, results, ["md"])] == ["report.md"]
+    md = (tmp_path / "report.md").read_text()
+    rows = {r.name: r for r in rows_from_results(results)}
+    p50 = rows["int8"].latency[("cpu", 16)]["p50_ms"]
+    assert f"{p50:.3f}" in md and f"{rows['int8'].speedup[('cpu', 16)]:.2f}x" in md
+    assert "failed (see Failures)" in md and "nope" not in md.split("## Failures")[0]  # not in a cell
+    written = write_reports(tmp_path, results, ["md", "html", "json"])  # results.json is the store's
+    assert sorted(p.name for p in written) == ["report.html", "report.md"]
+    page = (tmp_path / "report.html").read_text()
+    assert "<table>" in page and f"{p50:.3f}" in page
+
+
+def test_speedups_with_intervals_are_shown(results: dict) -> None:
+    stored = copy.deepcopy(results)
+    for v in stored["variants"]:
+        for m in v.get("latency", []):
+            if v["name"] == "int8" and m["batch_size"] == 16:
+                m.update(speedup=4.65, speedup_low=4.34, speedup_high=4.96, rounds=3)
+    rows = {r.name: r for r in rows_from_results(stored)}
+    assert rows["int8"].speedup_cell(("cpu", 16)) == "4.65x ±0.31"
+    assert "4.65x ±0.31" in render_markdown(stored)
 
 
 def _second_run(tmp_path: Path, results: dict) -> tuple[Path, Path]:

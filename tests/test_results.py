@@ -18,7 +18,7 @@ from torchtame.results import chosen_name, find_entry, latency_at, read_results,
 
 from .conftest import ROOT, tiny_recipe
 
-OLD_RUN = ROOT / "benchmarks" / "results" / "quickstart-results.json"  # written by the pre-#23 code
+OLD_RUN = ROOT / "tests" / "data" / "pre-typed-results.json"  # the quickstart run written before #23
 
 
 @pytest.fixture()

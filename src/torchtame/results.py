@@ -217,7 +217,7 @@ def speedup_of(m: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> floa
     if m.get("speedup") is not None:
         return m["speedup"]
     ref = next((b for b in latencies(baseline or {}) if setting(b) == setting(m)), None)
-    return round(ref["p50_ms"] / m["p50_ms"], 4) if ref and m.get("p50_ms") else None
+    return ref["p50_ms"] / m["p50_ms"] if ref and m.get("p50_ms") else None
 
 
 def chosen_name(results: Mapping[str, Any]) -> str | None:

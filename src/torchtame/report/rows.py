@@ -117,10 +117,10 @@ def rows_from_results(results: dict[str, Any]) -> list[Row]:
         lat = {(m["device"], m["batch_size"]): m for m in v.get("latency", [])}
         # speed-ups only between measurements of one node, device, batch and thread count
         speed = {k: s for k, m in lat.items() if (s := speedup_of(m, base)) is not None}
-        interval = {
+        interval = {  # the baseline against itself is 1 by definition: no interval to show
             k: (m["speedup_low"], m["speedup_high"])
             for k, m in lat.items()
-            if m.get("speedup_low") is not None and m.get("speedup_high") is not None
+            if v["name"] != "baseline" and None not in (m.get("speedup_low"), m.get("speedup_high"))
         }
         rows.append(
             Row(
