@@ -153,3 +153,151 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+# --------------------------------------------------------------------------- the README's figures
+
+
+def _load(results: Path, name: str) -> dict[str, Any]:
+    return json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def run_spreads(quick: dict[str, Any]) -> list[float]:
+    """(max - min) / median of each variant's speed-up over the quickstart benchmark's runs."""
+    runs = quick["runs"]
+    spreads = []
+    for name, figures in runs[0]["speedups"].items():
+        for key in figures:
+            values = [r["speedups"].get(name, {}).get(key, [None])[0] for r in runs]
+            values = [v for v in values if v is not None]
+            if name != "baseline" and len(values) > 1:
+                spreads.append((max(values) - min(values)) / statistics.median(values))
+    return spreads
+
+
+def readme_figures(results: Path = HERE / "results") -> str:
+    """The README's benchmark bullets, every figure read from the JSON named beside it."""
+    peers, modes = _load(results, "peers"), _load(results, "int8_modes")
+    unlabeled, ray = _load(results, "unlabeled"), _load(results, "ray_cluster")
+    quick, harness = _load(results, "quickstart"), _load(results, "harness")
+    rows = peers["rows"]
+    lines = []
+    twins = [
+        r["b8_vs_direct"]
+        for r in rows
+        if r["model"] == "resnet18" and r["who"] == "torchtame" and r.get("b8_vs_direct")
+    ]
+    q = _row(rows, model="resnet18", approach="int8 static (torch.ao)", who="torchtame")
+    pq = _row(rows, model="resnet18", approach="pruned 50% + int8", who="torchtame")
+    if twins and q and pq:
+        lines.append(
+            f"- `python benchmarks/peers.py` (`results/peers.json`): on resnet18 torchtame's rows run at "
+            f"{min(twins):.2f}-{max(twins):.2f}x the speed of their direct twins (same graphs, same "
+            f"kernels); its static int8 keeps cosine {q['cosine']:.4f} to fp32, is {q['b8_speedup']:.1f}x "
+            f"faster than fp32 eager at batch 8 and {q['size_ratio']:.2f}x smaller; pruned 50% + int8 "
+            f"reads {pq['b8_speedup']:.1f}x but is marked `{pq['verdict']}` (cosine {pq['cosine']:.2f} "
+            "without fine-tuning), so it counts in no target."
+        )
+    fx = _row(rows, model="mobilenet_v3_small", approach="int8 static (torch.ao)", who="torchtame")
+    auto = next((r for r in rows if r["model"] == "mobilenet_v3_small" and "auto" in r["approach"]), None)
+    if fx and auto:
+        compiled = f", {auto['b8_vs_compiled']:.2f}x fp32 compiled" if auto.get("b8_vs_compiled") else ""
+        lines.append(
+            f"- mobilenet_v3_small: FX int8 cosine {fx['cosine']:.3f}; `mode: auto` ({auto['approach']}) "
+            f"cosine {auto['cosine']:.3f}, {auto['b8_speedup']:.2f}x fp32 eager at batch 8{compiled} "
+            "(`results/peers.json`)."
+        )
+    ref = next((r for r in rows if r["model"] == "transformer-encoder" and "default" in r["approach"]), None)
+    dyn = _row(rows, model="transformer-encoder", approach="int8 dynamic (torch.ao)", who="torchtame")
+    plain = _row(rows, model="transformer-encoder", approach="fp32 eager, no fast path")
+    if ref and dyn and plain:
+        lines.append(
+            f"- Transformer encoder, dynamic int8: {dyn['b8_speedup']:.2f}x PyTorch's default fp32 "
+            f"(attention fast path on) at batch 8, {plain['b8_ms'] / dyn['b8_ms']:.2f}x fp32 without the "
+            "fast path (`results/peers.json`)."
+        )
+    for r in modes["rows"]:
+        a = r.get("auto") or {}
+        if "error" in a or not a:
+            lines.append(f"- `python benchmarks/int8_modes.py`, {r['model']}: auto failed: {a.get('error')}")
+            continue
+        p50 = r["p50_ms"]
+        lines.append(
+            f"- `int8_modes.py` (`results/int8_modes.json`), {r['model']}: `mode: auto` built "
+            f"{a['built_as']}, {a['int8_layers']} layers int8, cosine {a['cosine']:.4f}, "
+            f"{r['speedup_vs_fp32_eager']['int8 auto']:.2f}x fp32 eager at batch {modes['batch']}, "
+            f"{p50['fp32 compiled'] / p50['int8 auto']:.2f}x fp32 compiled."
+        )
+    d, rn = unlabeled["digits"], unlabeled["resnet18"]
+    lines.append(
+        f"- `python benchmarks/unlabeled.py` (`results/unlabeled.json`): without labels the digits search "
+        f"chooses `{d['chosen']}`, agreement {d['chosen_agreement']:.2f}%, {d['chosen_speedup_b64']:.2f}x "
+        f"fp32 at batch 64; distillation takes a half-pruned resnet18 from cosine "
+        f"{rn['pruned_cosine']:.2f} to {rn['distilled_cosine']:.2f} in {rn['steps']} steps."
+    )
+    lines.append(
+        f"- `python benchmarks/ray_cluster.py` (`results/ray_cluster.json`): the search recipe took "
+        f"{ray['local']['wall_s']:.0f} s locally and {ray['ray_2_nodes']['wall_s']:.0f} s on two loopback "
+        "Ray nodes on the same 2 cores (Ray's overhead, not a speed-up)."
+    )
+    spreads = run_spreads(quick)
+    if spreads:
+        lines.append(
+            f"- `python benchmarks/quickstart.py` (`results/quickstart.json`): over "
+            f"{len(quick['runs'])} runs a speed-up moves by a median {statistics.median(spreads):.1%} "
+            "(max - min over the median), the intervals of each run are in RESULTS.md."
+        )
+    hs = [r["spread"] for r in harness["rows"]]
+    lines.append(
+        f"- `python benchmarks/harness_stability.py` (`results/harness.json`): timing the same module "
+        f"{harness['repeats']} times back to back, the median spread is {statistics.median(hs):.1%}."
+    )
+    return "\n".join(lines)
+
+
+def quickstart_note(results: Path = HERE / "results") -> str:
+    """How long the quickstart took and how much its speed-ups move between runs."""
+    quick = _load(results, "quickstart")
+    runs = quick["runs"]
+    spreads = run_spreads(quick)
+    later = ""
+    if len(runs) > 1:
+        cached = statistics.median(r["seconds"] for r in runs[1:])
+        later = f", {cached:.0f} s once the trained model is cached"
+    spread = (
+        f" Between {len(runs)} separate runs a speed-up moved by a median {statistics.median(spreads):.0%} "
+        "(max - min over the median; every run's figures with their intervals are in RESULTS.md), so "
+        "read the second digit with care."
+        if spreads
+        else ""
+    )
+    return (
+        f"The committed quickstart run took {runs[0]['seconds']:.0f} s on 2 CPU cores{later} "
+        f"(`benchmarks/results/quickstart.json`).{spread}"
+    )
+
+
+README_BLOCKS = {"figures": readme_figures, "quickstart-note": quickstart_note}
+
+
+def readme_blocks(text: str, results: Path = HERE / "results") -> str:
+    """``text`` (the README) with every generated block re-rendered from the JSON."""
+    for name, render in README_BLOCKS.items():
+        block = f"<!-- {name}:start -->\n{render(results)}\n<!-- {name}:end -->"
+        pattern = rf"<!-- {name}:start -->.*?<!-- {name}:end -->"
+        text = re.sub(pattern, lambda _, b=block: b, text, flags=re.S)
+    return text
+
+
+def write_readme_figures() -> None:
+    """Replace the README's generated blocks with what the committed JSON says."""
+    readme = HERE.parent / "README.md"
+    readme.write_text(readme_blocks(readme.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+if __name__ == "__main__":  # python benchmarks/common.py: the README's figures from the JSON
+    write_readme_figures()

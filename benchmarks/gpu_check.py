@@ -1,22 +1,41 @@
-"""Check a quickstart run on a GPU machine: what `devices: [auto]` measured where.
+"""Check a quickstart run: what `devices: [auto]` measured where (the prepared GPU check).
 
     python benchmarks/gpu_check.py RUN/results.json
+    python benchmarks/gpu_check.py --quick      (a tiny run here, checked the same way)
 
-Expected: the CPU and cuda:0 both resolved; the baseline timed on both, with CUDA-event timings
-and a CUDA peak memory; every torch int8 variant measured on the CPU (accuracy and latency) and
-marked "cpu only" on the GPU; fp16 measured on the GPU. Prints one line per check and exits 1 on
-the first failure.
+Expected on a GPU machine: the CPU and cuda:0 both resolved; the baseline timed on both, with
+CUDA-event timings and a CUDA peak memory; every torch int8 variant measured on the CPU (accuracy
+and latency) and marked "cpu only" on the GPU; fp16 measured on the GPU. Without a GPU: the CPU
+alone, fp16 marked "cuda only" and never timed. Prints one line per check and exits 1 on a failure.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
-    res = json.loads(Path(sys.argv[1]).read_text())
+def tiny_run() -> dict[str, Any]:
+    """The quickstart cut to its int8 and fp16 steps, short training and timings, `devices: [auto]`."""
+    import torchtame
+
+    raw = torchtame.load_recipe(ROOT / "recipes" / "quickstart.yaml").model_dump(mode="json", by_alias=True)
+    raw["steps"] = [s for s in raw["steps"] if s["name"] in ("int8-dynamic", "int8-static", "fp16")]
+    raw["model"]["train"]["epochs"] = 2
+    raw["export"]["onnx"] = False
+    raw["evaluate"]["memory"] = False
+    raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5, rounds=1)
+    raw["output_dir"] = tempfile.mkdtemp(prefix="torchtame-gpu-check-")
+    return torchtame.run(raw).results
+
+
+def check_run(res: dict[str, Any]) -> list[str]:
     by = {v["name"]: v for v in res["variants"]}
     failures = []
 
@@ -26,28 +45,49 @@ def main() -> None:
             failures.append(what)
 
     devices = [d["device"] for d in res["devices"] if d.get("available", True)]
-    check(devices[:2] == ["cpu", "cuda:0"], f"auto resolved to the CPU and cuda:0 ({devices})")
+    gpu = "cuda:0" in devices
+    expected = ["cpu", "cuda:0"] if gpu else ["cpu"]
+    check(devices[: len(expected)] == expected, f"auto resolved to {expected} ({devices})")
     base = {m["device"]: m for m in by["baseline"]["latency"]}
-    check({"cpu", "cuda:0"} <= set(base), "baseline timed on both devices")
+    check(set(expected) <= set(base), f"baseline timed on {expected}")
     cuda = [m for m in by["baseline"]["latency"] if m["device"] == "cuda:0"]
-    check(bool(cuda) and all(m.get("timer") == "cuda-events" for m in cuda), "CUDA timings use CUDA events")
-    check(bool(cuda) and all((m.get("peak_memory_mb") or 0) > 0 for m in cuda), "CUDA peak memory recorded")
+    if gpu:
+        events = bool(cuda) and all(m.get("timer") == "cuda-events" for m in cuda)
+        check(events, "CUDA timings use CUDA events")
+        memory = bool(cuda) and all((m.get("peak_memory_mb") or 0) > 0 for m in cuda)
+        check(memory, "CUDA peak memory recorded")
     for name in ("int8-dynamic", "int8-static", "pruned-ft-int8"):
-        v = by.get(name, {})
+        if name not in by:
+            continue
+        v = by[name]
         devs = {m["device"] for m in v.get("latency", [])}
-        check(
-            devs == {"cpu"} and (v.get("accuracy") or {}).get("device") == "cpu",
-            f"{name} measured on the CPU",
-        )
+        on_cpu = devs == {"cpu"} and (v.get("accuracy") or {}).get("device") == "cpu"
+        check(on_cpu, f"{name} measured on the CPU")
     fp16 = by.get("fp16", {})
-    check({m["device"] for m in fp16.get("latency", [])} == {"cuda:0"}, "fp16 measured on the GPU")
+    measured = {m["device"] for m in fp16.get("latency", [])}
+    skipped = {d["device"] for d in fp16.get("skipped_devices", [])}
+    if gpu:
+        check(measured == {"cuda:0"}, "fp16 measured on the GPU")
+    else:
+        check(not measured and "cpu" in skipped, "fp16 not timed without a GPU (cuda only)")
     for name, v in by.items():
         for m in v.get("latency", []):
             print(
                 f"      {name:<16} {m['device']:<7} b{m['batch_size']:<3} p50 {m['p50_ms']:9.3f} ms  "
                 f"peak {m.get('peak_memory_mb')} MiB  {m.get('timer')} io={m.get('io')}"
             )
-    sys.exit(1 if failures else 0)
+    return failures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="?", type=Path, help="a quickstart run's results.json")
+    ap.add_argument("--quick", action="store_true", help="check a tiny run made here instead")
+    args = ap.parse_args()
+    if args.results is None and not args.quick:
+        ap.error("give a results.json, or --quick")
+    res = tiny_run() if args.quick else json.loads(args.results.read_text())
+    sys.exit(1 if check_run(res) else 0)
 
 
 if __name__ == "__main__":

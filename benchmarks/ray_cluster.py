@@ -1,7 +1,7 @@
 """Wall time of `recipes/quickstart-search.yaml`: the local engine versus a two-node Ray cluster
 started on this machine (loopback addresses), build and measurement phases separately.
 
-    .venv/bin/python benchmarks/ray_cluster.py
+    .venv/bin/python benchmarks/ray_cluster.py [--quick] [--results-dir D]
 
 Both nodes of the cluster share this machine's cores, so this measures Ray's overhead and what
 parallel builds buy on one box, not a real cluster's speed-up. The trained model is cached before
@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from common import write_section
+from common import out_dir, parser, publish
 
 import torchtame
 
@@ -29,10 +29,18 @@ RAY = str(Path(sys.executable).with_name("ray"))
 LOOPBACK = "127.0.0.2"
 
 
-def timed_run(out: Path, execution: dict[str, Any] | None) -> dict[str, Any]:
+def timed_run(out: Path, execution: dict[str, Any] | None, quick: bool = False) -> dict[str, Any]:
     recipe = torchtame.load_recipe(ROOT / "recipes" / "quickstart-search.yaml", output_dir=str(out))
+    raw = recipe.model_dump(mode="json", by_alias=True)
+    if quick:  # the same search, narrowed to a few candidates with short training and timings
+        raw["model"]["train"]["epochs"] = 2
+        raw["search"].update(sensitivity=False, prune_ratios=[0.5], combine=False)
+        raw["search"]["finetune"]["epochs"] = 1
+        raw["evaluate"]["memory"] = False
+        raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5)
     if execution:
-        recipe = torchtame.load_recipe(recipe.model_dump(mode="json", by_alias=True), execution=execution)
+        raw["execution"] = execution
+    recipe = torchtame.load_recipe(raw)
     t0 = time.perf_counter()
     res = torchtame.run(recipe).results
     wall = time.perf_counter() - t0
@@ -61,30 +69,12 @@ def start_cluster(env: dict[str, str]) -> str:
     return f"{LOOPBACK}:{port}"
 
 
-def main() -> None:
-    warnings.filterwarnings("ignore")
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
-    os.environ.update(RAY_AUTH_MODE="disabled")
-    out = Path(tempfile.mkdtemp(prefix="torchtame-ray-bench-"))
-    t0 = time.perf_counter()
-    timed_run(out, None)  # warm: trains and caches the model
-    local = timed_run(out, None)
-    print("local", local, flush=True)
-    address = start_cluster(env)
-    try:
-        cluster = timed_run(out, {"engine": "ray", "address": address})
-    finally:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
-    print("ray", cluster, flush=True)
+def render(data: dict[str, Any]) -> list[str]:
+    local, cluster = data["local"], data["ray_2_nodes"]
     shared = set(local["top1"]) & set(cluster["top1"])
     differ = sorted(n for n in shared if local["top1"][n] != cluster["top1"][n])
-    same = not differ
-    body = [
-        "`recipes/quickstart-search.yaml` (sensitivity analysis, 9-12 candidates, selection) with the model "
+    return [
+        f"{data['recipe']} (sensitivity analysis, candidates, selection) with the model "
         "already trained and cached. The cluster is two Ray nodes started on this machine on loopback "
         "addresses (one CPU and one measuring slot each): both share the same two cores, so this shows "
         "Ray's overhead and what overlapping builds buys on one box, not a real cluster's speed-up.",
@@ -96,7 +86,7 @@ def main() -> None:
         f"| ray, 2 nodes | {cluster['wall_s']} | {cluster['build_s']} | {cluster['measure_s']} | "
         f"{cluster['variants']} | {len(cluster['nodes'])} |",
         "",
-        f"Same top-1 for every variant built by both engines: {'yes' if same else 'no'}"
+        f"Same top-1 for every variant built by both engines: {'no' if differ else 'yes'}"
         + (f" ({', '.join(differ)} differ)" if differ else "")
         + f"; chosen: local `{local['chosen']}`, ray `{cluster['chosen']}`. Failed: local "
         f"{local['failed'] or 'none'}, ray {cluster['failed'] or 'none'}. Fine-tuned candidates train "
@@ -107,15 +97,34 @@ def main() -> None:
         "instead of stopping at the first that meets the constraints. Build and measure sums are each "
         "engine's own task times; on Ray they overlap.",
     ]
-    write_section(
-        "ray_cluster",
-        "Local engine vs a two-node Ray cluster on one machine",
-        "python benchmarks/ray_cluster.py",
-        time.perf_counter() - t0,
-        body,
-        {"local": local, "ray_2_nodes": cluster},
-    )
-    print("wrote benchmarks/RESULTS.md (section ray_cluster)")
+
+
+def main() -> None:
+    args = parser(__doc__, "a narrowed search (no sensitivity, one pruning ratio)").parse_args()
+    results = out_dir(args)
+    warnings.filterwarnings("ignore")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
+    os.environ.update(RAY_AUTH_MODE="disabled")
+    out = Path(tempfile.mkdtemp(prefix="torchtame-ray-bench-"))
+    t0 = time.perf_counter()
+    timed_run(out, None, args.quick)  # warm: trains and caches the model
+    local = timed_run(out, None, args.quick)
+    print("local", local, flush=True)
+    address = start_cluster(env)
+    try:
+        cluster = timed_run(out, {"engine": "ray", "address": address}, args.quick)
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+    print("ray", cluster, flush=True)
+    recipe = "`recipes/quickstart-search.yaml`" + (", narrowed (--quick)," if args.quick else "")
+    data = {"recipe": recipe, "local": local, "ray_2_nodes": cluster}
+    command = "python benchmarks/ray_cluster.py" + (" --quick" if args.quick else "")
+    title = "Local engine vs a two-node Ray cluster on one machine"
+    publish(results, "ray_cluster", title, command, time.perf_counter() - t0, data, render)
 
 
 if __name__ == "__main__":

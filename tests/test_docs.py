@@ -51,3 +51,37 @@ def test_the_readme_health_table_is_the_code_table() -> None:
     assert table, "README has no health table between its markers"
     assert table.group(1) == findings_table(), "regenerate it: torchtame.evaluate.health.findings_table()"
     assert {code for code, _, _ in FINDINGS} == set(FLAG)  # every finding has a flag and a row
+
+
+FIGURE = re.compile(
+    r"(\d+(?:\.\d+)?x\b|cosine \d\.\d+|\b\d+(?:\.\d+)? s\b|±\d+(?:\.\d+)?%|\d+(?:\.\d+)? MiB|\d+\.\d+%"
+    r"|\d+/\d+ layers|\(\d+/\d+\))"
+)
+
+
+def test_readme_figures_are_rendered_from_the_committed_json() -> None:
+    """The generated blocks are exactly what benchmarks/common.py renders from benchmarks/results."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import common
+
+    assert common.readme_blocks(README) == README, "run `python benchmarks/common.py` and commit README.md"
+    for name in common.README_BLOCKS:
+        block = re.search(rf"<!-- {name}:start -->\n(.+?)\n<!-- {name}:end -->", README, re.S)
+        assert block and FIGURE.search(block.group(1)), name
+
+
+def test_readme_prose_has_no_hand_written_figures() -> None:
+    """Outside code, tables and the generated blocks, the README states no measured figure
+    (speed-ups, cosines, seconds, spreads, MiB): each one would go stale unchecked."""
+    text = re.sub(r"```.*?```", "", README, flags=re.S)
+    text = re.sub(r"<!-- ([\w-]+):start -->.*?<!-- \1:end -->", "", text, flags=re.S)
+    found = [
+        m.group(0)
+        for paragraph in text.split("\n\n")
+        if not paragraph.lstrip().startswith("|")
+        for m in FIGURE.finditer(paragraph)
+    ]
+    assert found == []
+    assert FIGURE.search("5.0x faster, cosine 0.9985, 27 s, ±11%")  # the pattern finds each kind

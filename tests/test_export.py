@@ -133,3 +133,19 @@ def test_quantized_export_failure_explains_the_way_out(
         apply_pass("export.onnx", q, digits, work_dir=tmp_path)
     assert "TorchScript exporter" in info.value.hint and "quantize.onnx" in info.value.hint
     assert not (tmp_path / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute"])
+def test_preprocessing_keeps_symbolic_shape_inference(
+    trained_cnn, digits, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, relative: bool
+) -> None:
+    """A relative work directory (the default `output_dir: runs`) must not make onnxruntime's
+    symbolic shape inference give up on a model it can handle."""
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    work = Path("runs/variants/onnx-int8") if relative else tmp_path / "abs"
+    with caplog.at_level(logging.INFO, logger="torchtame"):
+        q = apply_pass("quantize.onnx", trained_cnn, digits, {"mode": "static"}, work_dir=work)
+    assert not [r for r in caplog.records if "symbolic shape inference failed" in r.getMessage()]
+    assert q.onnx_path.is_file() and q.info["graph"]["int8_layers"] == q.info["graph"]["weight_layers"]

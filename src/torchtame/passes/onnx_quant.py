@@ -9,24 +9,26 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import Field
 from torch import nn
 
 from .._warnings import caught, quiet_root_logger
-from ..errors import first_line
+from ..errors import PassError, first_line
 from ..evaluate.graph import inspect_onnx
-from ..inputs import batch_size, concat, repeat_batch, take
-from ..onnx_runtime import feed, session
-from ..options import Strict
+from ..inputs import batch_size, call, concat, repeat_batch, select_output, take
+from ..onnx_runtime import compare_outputs, feed, run_session, session
 from ..registry import register_pass
 from ..variant import PassContext, Variant
+from . import recovery
 from ._select import require_float
 from .export import OnnxOptions, export_onnx
+from .recovery import RecoveryOptions
 
 log = logging.getLogger("torchtame")
 
 
-class OnnxQuantOptions(Strict):
+class OnnxQuantOptions(RecoveryOptions):
     mode: Literal["static", "dynamic"] = "static"
     format: Literal["QDQ", "QOperator"] = "QDQ"
     per_channel: bool = True
@@ -86,6 +88,9 @@ def preprocess(source: Path, out: Path) -> Path:
     follow dynamic axes (sequence dims of Transformers), so it is retried without it."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    # resolved here, before the change of directory below: a relative path (the default
+    # `output_dir: runs`) would otherwise point inside the scratch directory
+    source, out = source.resolve(), out.resolve()
     scratch = out.parent / "shape-inference"
     scratch.mkdir(parents=True, exist_ok=True)
     with caught("quant_pre_process"), quiet_root_logger():
@@ -94,7 +99,7 @@ def preprocess(source: Path, out: Path) -> Path:
             # uuid-named `.data` file into the working directory when it gives up: keep them in
             # the variant's work directory instead of the user's.
             with contextlib.chdir(scratch):
-                quant_pre_process(str(source.resolve()), str(out.resolve()), skip_symbolic_shape=False)
+                quant_pre_process(str(source), str(out), skip_symbolic_shape=False)
         except Exception as exc:
             log.info("symbolic shape inference failed (%s); preprocessing without it", first_line(exc, 120))
             quant_pre_process(str(source), str(out), skip_symbolic_shape=True)
@@ -117,25 +122,59 @@ NAME = "quantize.onnx"
 )
 def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOptions) -> Variant:
     """int8 quantization of an ONNX model with onnxruntime.quantization (static or dynamic)."""
-    from onnxruntime import quantization as oq
-
     parent = ctx.parent
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     require_float(
         ctx, "quantize.onnx", "start from a float32 variant or its ONNX twin", float32=True, allow_onnx=True
     )
+    recovered = None
     if parent.kind == "onnx":
         assert parent.onnx_path is not None
-        source = parent.onnx_path
+        if opts.recovery != "none":
+            raise PassError(
+                f"recovery works on the float torch model, and {parent.name!r} is an ONNX file",
+                hint=f"start this step `from: {parent.parent}` (its torch parent); it exports it itself",
+            )
+        out, repeated = _quantize(parent.onnx_path, ctx, opts, "model.onnx")
     else:
         assert model is not None
-        source = ctx.work_dir / "float.onnx"
-        example = repeat_batch(ctx.example_input, 2)
-        export_onnx(model, example, source, opts.export, quantized=False)
+        if opts.recovery != "none":
+            model, recovered = _recover(model, ctx, opts)
+        out, repeated = _quantize(_export(model, ctx, opts, "float.onnx"), ctx, opts, "model.onnx")
+    for tmp in ctx.work_dir.glob("*.onnx"):
+        if tmp != out:
+            tmp.unlink()
+    for tmp in ctx.work_dir.glob("*.onnx.data"):
+        tmp.unlink()
+    info = {
+        "mode": opts.mode,
+        "format": opts.format,
+        "per_channel": opts.per_channel,
+        "calibration_method": opts.calibration_method if opts.mode == "static" else None,
+        "calibration_samples_repeated": repeated if opts.mode == "static" else None,
+        "nodes_excluded": opts.nodes_to_exclude,
+        "graph": inspect_onnx(out),
+    }
+    if recovered is not None:
+        info["recovery"] = recovered
+    return ctx.variant(None, onnx_path=out, dtype=f"onnx-{opts.mode}-int8", quantized=True, info=info)
+
+
+def _export(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions, name: str) -> Path:
+    path = ctx.work_dir / name
+    export_onnx(model, repeat_batch(ctx.example_input, 2), path, opts.export, quantized=False)
+    return path
+
+
+def _quantize(source: Path, ctx: PassContext, opts: OnnxQuantOptions, name: str) -> tuple[Path, int]:
+    """onnxruntime's static or dynamic quantization of ``source`` into ``work_dir/name``; also how
+    many calibration samples were counted twice (a ragged last batch topped up)."""
+    from onnxruntime import quantization as oq
+
     reader_session = session(source, "cpu")
     if opts.preprocess:
-        source = preprocess(source, ctx.work_dir / "preprocessed.onnx")
-    out = ctx.work_dir / "model.onnx"
+        source = preprocess(source, ctx.work_dir / f"preprocessed-{name}")
+    out = ctx.work_dir / name
     qtype = {"int8": oq.QuantType.QInt8, "uint8": oq.QuantType.QUInt8}
     reader = _Reader(ctx.data.calibration, reader_session, opts.calibration_batches)
     with (
@@ -168,23 +207,25 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
                 nodes_to_exclude=opts.nodes_to_exclude,
                 op_types_to_quantize=opts.op_types_to_quantize,
             )
-    for tmp in ctx.work_dir.glob("*.onnx"):
-        if tmp != out:
-            tmp.unlink()
-    for tmp in ctx.work_dir.glob("*.onnx.data"):
-        tmp.unlink()
-    return ctx.variant(
-        None,
-        onnx_path=out,
-        dtype=f"onnx-{opts.mode}-int8",
-        quantized=True,
-        info={
-            "mode": opts.mode,
-            "format": opts.format,
-            "per_channel": opts.per_channel,
-            "calibration_method": opts.calibration_method if opts.mode == "static" else None,
-            "calibration_samples_repeated": reader.topped_up if opts.mode == "static" else None,
-            "nodes_excluded": opts.nodes_to_exclude,
-            "graph": inspect_onnx(out),
-        },
-    )
+    return out, reader.topped_up
+
+
+def _recover(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions) -> tuple[nn.Module, dict[str, Any]]:
+    """Accuracy recovery on the float model before export (:mod:`.recovery`); ``auto`` judges each
+    candidate by its quantized ONNX model's fidelity on calibration batches held apart from the
+    evaluation data."""
+    held = recovery.calibration_batches(ctx.data.calibration, 2)
+    with torch.inference_mode():
+        ref = torch.cat([select_output(call(model, x), ctx.output).float() for x in held])
+    trial = [0]
+
+    def score(candidate: nn.Module) -> float:
+        trial[0] += 1
+        source = _export(candidate, ctx, opts, f"trial{trial[0]}.onnx")
+        q, _ = _quantize(source, ctx, opts, f"q{trial[0]}.onnx")
+        sess = session(q, "cpu")
+        out = torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held])
+        return compare_outputs(ref, out)["cosine_similarity"]
+
+    ctx.progress.status(f"quantize.onnx: recovery {opts.recovery}")
+    return recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score)

@@ -26,6 +26,7 @@ from ...registry import register_pass
 from ...results import info_of
 from ...runtime import check_backend, compiled, quantized_engine
 from ...variant import PassContext, Variant
+from .. import recovery
 from .._select import match_modules, module_types, require_float
 from .fx import StaticOptions, calibrate, static_eager, static_fx
 from .pt2e import quantize_pt2e
@@ -184,6 +185,29 @@ def choose(
     return built[chosen], chosen, {"chosen": chosen, "reason": reason, "trials": trials}
 
 
+def _recover(
+    model: nn.Module, q: nn.Module | None, mode: str, ctx: PassContext, opts: StaticOptions, backend: str
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Accuracy recovery on the float model (:mod:`..recovery`), then the int8 model built again in
+    the chosen mode; fidelity is judged on calibration batches held apart from the evaluation data."""
+    held = recovery.calibration_batches(ctx.data.calibration, 2)
+    with torch.inference_mode():
+        ref = torch.cat([select_output(call(model, x), ctx.output).float() for x in held])
+
+    def score(candidate: nn.Module) -> float:
+        built = build(mode, copy.deepcopy(candidate), ctx, opts, backend)
+        with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
+            out = torch.cat([select_output(call(built, x), ctx.output).float() for x in held])
+        return compare_outputs(ref, out)["cosine_similarity"]
+
+    kept = set(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else set()
+    ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
+    fixed, info = recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score, kept)
+    if q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
+        q = build(mode, copy.deepcopy(fixed), ctx, opts, backend)
+    return q, info
+
+
 NAME = "quantize.static"
 
 
@@ -221,7 +245,10 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
         q, mode, choice = choose(model, ctx, opts, backend)
     else:
         mode = opts.mode
-        q = build(mode, model, ctx, opts, backend)
+        q = build(mode, model, ctx, opts, backend) if opts.recovery == "none" else None
+    recovered = None
+    if opts.recovery != "none":
+        q, recovered = _recover(model, q, mode, ctx, opts, backend)
     batches = (
         len(ctx.data.calibration)
         if opts.calibration_batches is None
@@ -241,6 +268,8 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
         info["cpu_only"] = "x86 Inductor int8 kernels; no PT2E static int8 quantizer targets CUDA"
     if choice is not None:
         info["mode_choice"] = choice
+    if recovered is not None:
+        info["recovery"] = recovered
     return ctx.variant(
         q,
         quantized=True,

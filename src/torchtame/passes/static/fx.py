@@ -11,13 +11,13 @@ from torch import nn
 
 from ...errors import PassError, first_line
 from ...inputs import as_args, call
-from ...options import Strict
 from ...progress import NullProgress
 from ...variant import PassContext
 from .._select import Backend, match_modules, module_types
+from ..recovery import RecoveryOptions
 
 
-class StaticOptions(Strict):
+class StaticOptions(RecoveryOptions):
     mode: Literal["auto", "fx", "pt2e", "eager"] = Field(
         "auto",
         description="auto (default): build FX, check its converted graph, fidelity and speed, and go on "

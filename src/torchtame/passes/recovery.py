@@ -1,0 +1,587 @@
+"""Accuracy recovery for post-training int8, applied to the float model before it is quantized, so
+FX, PT2E and onnxruntime all keep the gain (``recovery:`` of ``quantize.static`` and
+``quantize.onnx``, same names and meaning in both).
+
+- ``equalization`` (cross-layer equalization, Nagel et al. 2019): for each pair of convolutions or
+  linears joined by ReLU or nothing (a BatchNorm between them is folded first; depthwise
+  convolutions included; Conv2d subclasses that pad in ``forward`` are convolutions too), output
+  channel i of the first is divided by s_i and input channel i of the second multiplied by it, with
+  s_i = sqrt(r1_i / r2_i) from the channels' weight ranges: both ranges become sqrt(r1_i r2_i), so
+  per-channel int8 loses less on the narrow ones. ReLU(x / s) = ReLU(x) / s for s > 0, so the float
+  function is kept exactly; ReLU6, Hardswish, SiLU and the like are not scale-equivariant, and
+  such pairs are reported, never scaled.
+- ``bias_correction`` (empirical): each layer's bias absorbs the mean output error that rounding
+  its weights to per-channel symmetric int8 causes on calibration data, E[(W - Q(W)) x], so the
+  int8 layer's outputs are right on average.
+- ``smoothquant`` (Xiao et al. 2022): for Linears fed by a LayerNorm (Transformers), activation
+  outliers move into the weights: input channel j is divided by
+  s_j = max|X_j|^alpha / max|W_:,j|^(1 - alpha) (folded into the LayerNorm) and the Linears'
+  weight columns multiplied by it.
+
+Libraries: torch.ao's ``_equalize`` only handles nn.Sequential-adjacent modules and no BatchNorm
+or depthwise pairs, torchao's SmoothQuant targets its own int8 tensor subclasses (not PT2E or
+onnxruntime graphs), and aimet-torch / brevitas / NNCF replace the model's layers with their own
+quantization wrappers; so these few well-defined transforms are written here, on plain float
+modules, where every back end sees them (ARCHITECTURE.md says the same).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from ..inputs import call
+from ..options import Strict
+
+log = logging.getLogger("torchtame")
+
+Algorithm = Literal["equalization", "bias_correction", "smoothquant"]
+ALGORITHMS: tuple[str, ...] = ("equalization", "bias_correction", "smoothquant")
+WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Linear)
+SCALE_EQUIVARIANT = (nn.ReLU, nn.Identity)  # f(x / s) = f(x) / s for s > 0
+NOT_EQUIVARIANT = (
+    nn.ReLU6,
+    nn.Hardswish,
+    nn.Hardtanh,
+    nn.SiLU,
+    nn.GELU,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Hardsigmoid,
+)
+
+
+@dataclass
+class Pair:
+    """Two weighted layers joined by at most a BatchNorm and an activation."""
+
+    first: str
+    bn: str | None
+    act: str | None
+    second: str
+
+
+# --------------------------------------------------------------------------- what feeds what
+
+
+def _trace_modules(model: nn.Module, example: Any) -> list[tuple[str, int, list[int]]]:
+    """One forward pass with hooks: each leaf module's name, the id of its output tensor and the
+    ids of its input tensors, in call order (every tensor is kept alive until the end, so no id
+    is reused)."""
+    calls: list[tuple[str, int, list[int]]] = []
+    alive: list[Any] = []
+    hooks = []
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor):
+                alive.extend([output, *args])
+                calls.append((name, id(output), [id(a) for a in args if isinstance(a, torch.Tensor)]))
+
+        return record
+
+    norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)
+    leaves = (*WEIGHTED, *norms, *SCALE_EQUIVARIANT, *NOT_EQUIVARIANT)
+    for name, m in model.named_modules():
+        if isinstance(m, leaves):
+            hooks.append(m.register_forward_hook(hook(name)))
+    try:
+        with torch.no_grad():
+            alive.append(call(model, example))
+    finally:
+        for h in hooks:
+            h.remove()
+    return calls
+
+
+def _consumers(calls: list[tuple[str, int, list[int]]], mods: dict[str, nn.Module]) -> dict[str, list[str]]:
+    """Node -> the nodes that take its output as their input, in call order (an in-place ReLU
+    hands on the tensor it was given: it becomes that tensor's producer). A stateless activation
+    called several times (resnet's shared ``relu``) is one node per call, ``name#k``; a weighted
+    layer or norm called more than once is left out: its channels cannot be scaled for one
+    caller. Uses by plain functions (a residual add) are invisible here; equalization checks the
+    output instead."""
+    counts: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    producer: dict[int, str] = {}
+    fed: dict[str, list[str]] = {}
+    for name, _, _ in calls:
+        counts[name] = counts.get(name, 0) + 1
+    for name, out, ins in calls:
+        seen[name] = seen.get(name, 0) + 1
+        stateless = isinstance(mods[name], SCALE_EQUIVARIANT + NOT_EQUIVARIANT)
+        node = f"{name}#{seen[name]}" if stateless and counts[name] > 1 else name
+        if counts[name] == 1 or stateless:
+            for i in ins:
+                if i in producer and producer[i] != node:
+                    fed.setdefault(producer[i], []).append(node)
+            producer[out] = node
+    return fed
+
+
+def _module(mods: dict[str, nn.Module], node: str) -> nn.Module:
+    return mods[node.split("#")[0]]
+
+
+def _plain_bn(m: nn.Module) -> bool:
+    """A BatchNorm and nothing more (timm's BatchNormAct2d subclasses add an activation)."""
+    return type(m) in (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def find_pairs(model: nn.Module, example: Any) -> tuple[list[Pair], list[str]]:
+    """Equalizable pairs, and why other chains were left alone."""
+    mods = dict(model.named_modules())
+    fed = _consumers(_trace_modules(model, example), mods)
+    pairs, skipped = [], []
+    for name, m in mods.items():
+        if not isinstance(m, WEIGHTED):
+            continue
+        node = name
+        bn = act = None
+        while len(fed.get(node, [])) == 1:
+            nxt = fed[node][0]
+            nm = _module(mods, nxt)
+            if _plain_bn(nm) and bn is None and act is None:
+                bn = nxt
+            elif isinstance(nm, SCALE_EQUIVARIANT) and act is None:
+                act = nxt
+            elif isinstance(nm, (*NOT_EQUIVARIANT, nn.BatchNorm1d, nn.BatchNorm2d)):
+                equivariant = not isinstance(nm, NOT_EQUIVARIANT)
+                why = "a norm with an activation" if equivariant else "not scale-equivariant"
+                skipped.append(f"{name} -> {nxt} ({type(nm).__name__}: {why})")
+                break
+            elif isinstance(nm, WEIGHTED):
+                if _channels_match(m, nm):
+                    pairs.append(Pair(name, bn, act, nxt))
+                break
+            else:
+                break
+            node = nxt
+    return pairs, skipped
+
+
+def _channels_match(a: nn.Module, b: nn.Module) -> bool:
+    out = a.out_features if isinstance(a, nn.Linear) else a.out_channels
+    if isinstance(b, nn.Linear):
+        return isinstance(a, nn.Linear) and b.in_features == out
+    if isinstance(a, nn.Linear) or b.in_channels != out:
+        return False
+    return b.groups == 1 or (b.groups == b.in_channels == b.out_channels)  # dense or depthwise
+
+
+# --------------------------------------------------------------------------- equalization
+
+
+def _fold_bn(model: nn.Module, conv_name: str, bn_name: str) -> None:
+    """Fold an eval-mode BatchNorm into the convolution/linear before it; the BN becomes Identity."""
+    conv, bn = model.get_submodule(conv_name), model.get_submodule(bn_name)
+    with torch.no_grad():
+        std = torch.sqrt(bn.running_var + bn.eps)
+        gamma = bn.weight if bn.weight is not None else torch.ones_like(std)
+        beta = bn.bias if bn.bias is not None else torch.zeros_like(std)
+        scale = gamma / std
+        shape = (-1,) + (1,) * (conv.weight.dim() - 1)
+        conv.weight.mul_(scale.reshape(shape))
+        bias = conv.bias if conv.bias is not None else torch.zeros_like(std)
+        new_bias = (bias - bn.running_mean) * scale + beta
+        if conv.bias is None:
+            conv.bias = nn.Parameter(new_bias)
+        else:
+            conv.bias.copy_(new_bias)
+    parent, _, child = bn_name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, nn.Identity())
+
+
+def _in_ranges(layer: nn.Module) -> torch.Tensor:
+    """Per input channel: the range of the weights that read it."""
+    w = layer.weight.detach()
+    if isinstance(layer, nn.Linear):
+        return w.abs().amax(dim=0)
+    if layer.groups > 1:  # depthwise: weight[i] reads channel i
+        return w.abs().flatten(1).amax(dim=1)
+    return w.abs().transpose(0, 1).flatten(1).amax(dim=1)
+
+
+def _scale_in(layer: nn.Module, s: torch.Tensor) -> None:
+    w = layer.weight
+    if isinstance(layer, nn.Linear):
+        w.mul_(s.reshape(1, -1))
+    elif layer.groups > 1:
+        w.mul_(s.reshape((-1,) + (1,) * (w.dim() - 1)))
+    else:
+        w.mul_(s.reshape((1, -1) + (1,) * (w.dim() - 2)))
+
+
+def _output(model: nn.Module, example: Any) -> torch.Tensor:
+    from ..inputs import output_items
+
+    with torch.no_grad():
+        return torch.cat([t.float().flatten() for _, t in output_items(call(model, example))])
+
+
+def _snapshot(modules: list[nn.Module]) -> list[dict[str, torch.Tensor]]:
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
+
+
+def _restore(modules: list[nn.Module], saved: list[dict[str, torch.Tensor]]) -> None:
+    for m, state in zip(modules, saved, strict=True):
+        m.load_state_dict(state)
+
+
+def _scale_pair(model: nn.Module, p: Pair, s: torch.Tensor) -> None:
+    a, b = model.get_submodule(p.first), model.get_submodule(p.second)
+    a.weight.div_(s.reshape((-1,) + (1,) * (a.weight.dim() - 1)))
+    if a.bias is not None:
+        a.bias.div_(s)
+    _scale_in(b, s)
+
+
+def _factors(model: nn.Module, p: Pair) -> torch.Tensor:
+    a, b = model.get_submodule(p.first), model.get_submodule(p.second)
+    r1 = a.weight.detach().abs().flatten(1).amax(dim=1)
+    r2 = _in_ranges(b)
+    s = torch.sqrt(r1 / r2.clamp_min(1e-12)).clamp(1e-4, 1e4)
+    return torch.where((r1 > 0) & (r2 > 0), s, torch.ones_like(s))
+
+
+def equalize(model: nn.Module, example: Any, iterations: int = 4) -> dict[str, Any]:
+    """Cross-layer equalization in place; returns what was done. Each pair is checked once on the
+    example: where the first layer's output also reaches something else (a residual add, which
+    hooks cannot see), scaling would change the model, so that pair is put back and left alone."""
+    pairs, skipped = find_pairs(model, example)
+    reference = _output(model, example)
+    folded = 0
+    for p in pairs:
+        if p.bn is not None and _plain_bn(model.get_submodule(p.bn)):
+            _fold_bn(model, p.first, p.bn)
+            folded += 1
+    spread_before = _range_spread(model, pairs)
+    tolerance = 1e-4 * reference.abs().max().clamp_min(1e-12)
+    kept = []
+    with torch.no_grad():
+        for p in pairs:
+            touched = [model.get_submodule(p.first), model.get_submodule(p.second)]
+            saved = _snapshot(touched)
+            _scale_pair(model, p, _factors(model, p))
+            if (_output(model, example) - reference).abs().max() > tolerance:
+                _restore(touched, saved)  # its output is used elsewhere too
+                skipped.append(f"{p.first} -> {p.second} (its output also feeds another path)")
+            else:
+                kept.append(p)
+        for _ in range(iterations - 1):
+            for p in kept:
+                _scale_pair(model, p, _factors(model, p))
+    change = (_output(model, example) - reference).abs().max() / reference.abs().max().clamp_min(1e-12)
+    error = change.item()
+    return {
+        "algorithm": "equalization",
+        "applied": len(kept),
+        "batchnorms_folded": folded,
+        "pairs": [f"{p.first} -> {p.second}" for p in kept][:50],
+        "skipped": skipped[:50],
+        "channel_range_spread": {"before": spread_before, "after": _range_spread(model, kept)},
+        "float_output_change": round(error, 8),
+    }
+
+
+def _range_spread(model: nn.Module, pairs: list[Pair]) -> float | None:
+    """Median over the pairs' first layers of max/min per-channel weight range (1 is even)."""
+    ratios = []
+    for p in pairs:
+        r = model.get_submodule(p.first).weight.detach().abs().flatten(1).amax(dim=1)
+        r = r[r > 0]
+        if r.numel():
+            ratios.append((r.max() / r.min()).item())
+    return round(float(torch.tensor(ratios).median()), 3) if ratios else None
+
+
+# --------------------------------------------------------------------------- bias correction
+
+
+def fake_quant_weight(w: torch.Tensor) -> torch.Tensor:
+    """Per-output-channel symmetric int8 rounding, as the x86 and onnxruntime kernels store it."""
+    scale = w.abs().flatten(1).amax(dim=1).clamp_min(1e-12) / 127.5
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    q = torch.clamp(torch.round(w / scale.reshape(shape)), -128, 127)
+    return q * scale.reshape(shape)
+
+
+def _channel_mean(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    dims = list(range(y.dim() - 1)) if isinstance(module, nn.Linear) else [0, *range(2, y.dim())]
+    return y.float().mean(dim=dims)
+
+
+def _broadcast(module: nn.Module, c: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return c if isinstance(module, nn.Linear) else c.reshape((1, -1) + (1,) * (y.dim() - 2))
+
+
+def correct_bias(model: nn.Module, batches: list[Any], skip: set[str] | None = None) -> dict[str, Any]:
+    """Empirical bias correction in place: on each calibration batch, the float model's mean output
+    of every layer is compared with a copy whose weights are rounded to int8, layer by layer in
+    call order (each corrected before the next runs, so the error a layer inherits is corrected
+    too); the mean difference per output channel, averaged over ``batches``, goes into the bias."""
+    names = {n for n, m in model.named_modules() if isinstance(m, WEIGHTED) and n not in (skip or set())}
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, m in rounded.named_modules():
+            if n in names:
+                m.weight.copy_(fake_quant_weight(m.weight))
+    float_means: dict[str, torch.Tensor] = {}
+    totals: dict[str, torch.Tensor] = {}
+
+    def watch(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            float_means[name] = _channel_mean(module, output)
+
+        return record
+
+    def correct(name: str) -> Callable[..., Any]:
+        def fix(module: nn.Module, args: Any, output: Any) -> Any:
+            if name not in float_means or not isinstance(output, torch.Tensor):
+                return None
+            r = float_means[name] - _channel_mean(module, output)
+            totals[name] = totals.get(name, torch.zeros_like(r)) + r / len(batches)
+            return output + _broadcast(module, r, output).to(output.dtype)
+
+        return fix
+
+    mods, shadow = dict(model.named_modules()), dict(rounded.named_modules())
+    hooks = [mods[n].register_forward_hook(watch(n)) for n in names]
+    hooks += [shadow[n].register_forward_hook(correct(n)) for n in names]
+    try:
+        with torch.no_grad():
+            for x in batches:
+                float_means.clear()
+                call(model, x)
+                call(rounded, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    shifts = []
+    with torch.no_grad():
+        for name, correction in totals.items():
+            m = mods[name]
+            if m.bias is None:
+                m.bias = nn.Parameter(correction.to(m.weight.dtype))
+            else:
+                m.bias.add_(correction.to(m.bias.dtype))
+            shifts.append(correction.abs().mean().item())
+    return {
+        "algorithm": "bias_correction",
+        "applied": len(totals),
+        "form": "empirical, sequential",
+        "batches": len(batches),
+        "mean_abs_shift": round(sum(shifts) / len(shifts), 6) if shifts else None,
+    }
+
+
+# --------------------------------------------------------------------------- smoothquant
+
+
+def smooth_quant(model: nn.Module, batches: list[Any], example: Any, alpha: float = 0.5) -> dict[str, Any]:
+    """SmoothQuant in place for every LayerNorm whose output feeds only Linears."""
+    mods = dict(model.named_modules())
+    fed = _consumers(_trace_modules(model, example), mods)
+    groups = {
+        ln: fed[ln]
+        for ln, m in mods.items()
+        if isinstance(m, nn.LayerNorm)
+        and m.elementwise_affine
+        and fed.get(ln)
+        and all(isinstance(mods[c], nn.Linear) for c in fed[ln])
+    }
+    if not groups:
+        return {"algorithm": "smoothquant", "applied": 0, "alpha": alpha}
+    act_max: dict[str, torch.Tensor] = {}
+    hooks = []
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            m = output.detach().abs().flatten(0, -2).amax(dim=0).float()
+            act_max[name] = torch.maximum(act_max[name], m) if name in act_max else m
+
+        return record
+
+    for ln in groups:
+        hooks.append(mods[ln].register_forward_hook(hook(ln)))
+    try:
+        with torch.no_grad():
+            for x in batches:
+                call(model, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    reference = _output(model, example)
+    tolerance = 1e-4 * reference.abs().max().clamp_min(1e-12)
+    smoothed, skipped = {}, []
+    with torch.no_grad():
+        for ln, linears in groups.items():
+            if ln not in act_max:
+                continue
+            w_max = torch.stack([mods[c].weight.detach().abs().amax(dim=0) for c in linears]).amax(dim=0)
+            s = act_max[ln].clamp_min(1e-5) ** alpha / w_max.clamp_min(1e-5) ** (1 - alpha)
+            s = s.clamp(1e-2, 1e2)
+            touched = [mods[ln], *(mods[c] for c in linears)]
+            saved = _snapshot(touched)
+            _smooth(mods[ln], [mods[c] for c in linears], s)
+            # post-LN models (BERT) also add the LayerNorm's output to a residual: folding would
+            # change the model there, so such a group is put back exactly as it was
+            if (_output(model, example) - reference).abs().max() > tolerance:
+                _restore(touched, saved)
+                skipped.append(f"{ln} (its output also feeds a residual path)")
+            else:
+                smoothed[ln] = linears
+    return {
+        "algorithm": "smoothquant",
+        "applied": sum(len(v) for v in smoothed.values()),
+        "layernorms": len(smoothed),
+        "skipped": skipped[:50],
+        "alpha": alpha,
+    }
+
+
+def _smooth(norm: nn.Module, linears: list[nn.Module], s: torch.Tensor) -> None:
+    norm.weight.div_(s)
+    if norm.bias is not None:
+        norm.bias.div_(s)
+    for c in linears:
+        c.weight.mul_(s.reshape(1, -1))
+
+
+# --------------------------------------------------------------------------- one entry point
+
+
+def apply(
+    model: nn.Module,
+    algorithms: list[str],
+    example: Any,
+    batches: list[Any],
+    alpha: float = 0.5,
+    skip: set[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Apply ``algorithms`` to the float ``model`` in place, in the order that composes: smoothing
+    and equalization change the weights, bias correction then corrects what their rounding costs.
+    Returns one record per algorithm; one that found nothing to do says so (and logs it)."""
+    done = []
+    order = [a for a in ("smoothquant", "equalization", "bias_correction") if a in algorithms]
+    for name in order:
+        if name == "smoothquant":
+            rec = smooth_quant(model, batches, example, alpha)
+        elif name == "equalization":
+            rec = equalize(model, example)
+        else:
+            rec = correct_bias(model, batches, skip)
+        if not rec["applied"]:
+            why = {
+                "smoothquant": "no LayerNorm feeds only Linears (post-LN residuals are left alone)",
+                "equalization": "no conv/linear pairs joined by ReLU or nothing",
+                "bias_correction": "no conv/linear layers",
+            }[name]
+            rec["note"] = f"does not apply to this model: {why}"
+            log.info("recovery %s %s", name, rec["note"])
+        done.append(rec)
+    return done
+
+
+# --------------------------------------------------------------------------- options and `auto`
+
+
+class RecoveryOptions(Strict):
+    """The recovery options ``quantize.static`` and ``quantize.onnx`` share (same names, same meaning)."""
+
+    recovery: list[Algorithm] | Literal["auto", "none"] = Field(
+        "none",
+        description="Accuracy recovery applied to the float model before quantizing: a list of "
+        "equalization, bias_correction, smoothquant; `auto` tries those that apply and keeps the one "
+        "with the best fidelity on calibration batches (never worse than none); `none`.",
+    )
+    smoothquant_alpha: float = Field(0.5, ge=0, le=1, description="SmoothQuant's migration strength.")
+    recovery_batches: int = Field(
+        4, ge=1, le=64, description="Calibration batches that bias correction and SmoothQuant read."
+    )
+
+
+def candidates(model: nn.Module, example: Any) -> list[list[str]]:
+    """The combinations ``recovery: auto`` tries on this model (each applicable one alone, then
+    with bias correction after it); none first, so nothing worse than none is ever kept."""
+    out: list[list[str]] = [[], ["bias_correction"]]
+    pairs, _ = find_pairs(copy.deepcopy(model), example)
+    if pairs:
+        out += [["equalization"], ["equalization", "bias_correction"]]
+    mods = dict(model.named_modules())
+    fed = _consumers(_trace_modules(model, example), mods)
+    if any(isinstance(m, nn.LayerNorm) and fed.get(n) for n, m in mods.items()):
+        out += [["smoothquant"], ["smoothquant", "bias_correction"]]
+    return out
+
+
+def calibration_batches(loader: Any, n: int) -> list[Any]:
+    return [x for i, (x, *_) in zip(range(n), loader, strict=False)]
+
+
+def choose(
+    model: nn.Module,
+    example: Any,
+    loader: Any,
+    opts: RecoveryOptions,
+    score: Callable[[nn.Module], float],
+    skip: set[str] | None = None,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """``recovery: auto``: build and score every candidate (``score``: fidelity of the quantized
+    model built from a float model, on calibration batches held apart from the evaluation data);
+    the best is kept, every trial recorded."""
+    batches = calibration_batches(loader, opts.recovery_batches)
+    trials, best = [], None
+    for combo in candidates(model, example):
+        m = copy.deepcopy(model)
+        t0 = time.perf_counter()
+        records = apply(m, combo, example, batches, opts.smoothquant_alpha, skip)
+        try:
+            value = score(m)
+        except Exception as exc:  # one candidate failing to build must not stop the others
+            trials.append({"algorithms": combo, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+            continue
+        seconds = round(time.perf_counter() - t0, 2)
+        trials.append({"algorithms": combo, "cosine": round(value, 6), "seconds": seconds})
+        if best is None or value > best[0] + 1e-6:  # ties keep the simpler (earlier) one
+            best = (value, combo, m, records)
+    if best is None:
+        raise ValueError("every recovery candidate failed: " + "; ".join(t.get("error", "") for t in trials))
+    value, combo, m, records = best
+    log.info("recovery auto chose %s (cosine %.5f on calibration batches)", combo or "none", value)
+    info = {"mode": "auto", "chosen": combo, "cosine": round(value, 6), "trials": trials, "applied": records}
+    return m, info
+
+
+def recover(
+    model: nn.Module,
+    example: Any,
+    loader: Any,
+    opts: RecoveryOptions,
+    score: Callable[[nn.Module], float] | None = None,
+    skip: set[str] | None = None,
+) -> tuple[nn.Module, dict[str, Any] | None]:
+    """The float model the quantizer should start from, and ``info.recovery`` (None: none asked)."""
+    if opts.recovery == "none":
+        return model, None
+    if opts.recovery == "auto":
+        assert score is not None
+        return choose(model, example, loader, opts, score, skip)
+    m = copy.deepcopy(model)
+    t0 = time.perf_counter()
+    batches = calibration_batches(loader, opts.recovery_batches)
+    records = apply(m, list(opts.recovery), example, batches, opts.smoothquant_alpha, skip)
+    info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
+    info["seconds"] = round(time.perf_counter() - t0, 2)
+    if score is not None:
+        info["cosine"] = round(score(m), 6)
+        info["cosine_without"] = round(score(model), 6)
+    return m, info

@@ -1,0 +1,143 @@
+"""Accuracy recovery for post-training int8 (equalization, bias correction, SmoothQuant, auto), on
+model code others wrote: torchvision, timm and transformers, built from configs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from torchtame import PassError, apply_pass, load_data
+from torchtame.data import SyntheticData
+from torchtame.passes import recovery
+from torchtame.training import recalibrate_batchnorm
+
+
+def _images(size: int = 32, n: int = 48, batch: int = 8):
+    spec = SyntheticData(source="synthetic", shape=[3, size, size], num_samples=n, batch_size=batch)
+    return load_data(spec, 0)
+
+
+def _vision(name: str):
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None).eval()
+    data = _images()
+    recalibrate_batchnorm(model, [x for x, _ in data.calibration])
+    return model, data
+
+
+def _relative_change(a: nn.Module, b: nn.Module, x: torch.Tensor) -> float:
+    with torch.no_grad():
+        ref, out = a(x), b(x)
+    return ((ref - out).abs().max() / ref.abs().max()).item()
+
+
+def test_equalization_keeps_the_float_function_and_evens_the_ranges() -> None:
+    model, data = _vision("resnet18")
+    x = next(iter(data.evaluation))[0]
+    eq = copy.deepcopy(model)
+    rec = recovery.equalize(eq, data.example_input(1))
+    assert rec["applied"] >= 6 and rec["batchnorms_folded"] >= 6  # conv-bn-relu-conv inside the blocks
+    assert rec["channel_range_spread"]["after"] < rec["channel_range_spread"]["before"]
+    # the residual paths were found by checking the output, and left alone
+    assert any("also feeds another path" in s for s in rec["skipped"])
+    assert _relative_change(model, eq, x) < 1e-4
+
+
+def test_equalization_refuses_relu6_and_fused_norm_activations() -> None:
+    import timm
+
+    model, data = _vision("mobilenet_v2")
+    rec = recovery.equalize(copy.deepcopy(model), data.example_input(1))
+    assert any("ReLU6: not scale-equivariant" in s for s in rec["skipped"])
+    torch.manual_seed(0)
+    lite = timm.create_model("tf_efficientnet_lite0").eval()  # BatchNormAct2d with ReLU6 inside
+    eq = copy.deepcopy(lite)
+    rec = recovery.equalize(eq, data.example_input(1))
+    assert rec["applied"] == 0 and any("BatchNormAct2d" in s for s in rec["skipped"])
+    assert _relative_change(lite, eq, data.example_input(2)) == 0.0
+
+
+def test_bias_correction_removes_the_mean_error_of_int8_weights() -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v2().eval()
+    data = _images(n=256, batch=32)
+    calibration = [x for x, _ in data.calibration]
+    recalibrate_batchnorm(model, calibration)
+    held_apart = torch.cat([x for x, _ in data.evaluation])
+
+    def rounded(m: nn.Module) -> nn.Module:  # what the int8 kernels compute, weights-wise
+        q = copy.deepcopy(m)
+        with torch.no_grad():
+            for layer in q.modules():
+                if isinstance(layer, nn.Conv2d | nn.Linear):
+                    layer.weight.copy_(recovery.fake_quant_weight(layer.weight))
+        return q
+
+    corrected = copy.deepcopy(model)
+    rec = recovery.correct_bias(corrected, calibration)
+    assert rec["applied"] == 53
+    with torch.no_grad():
+        cal = torch.cat(calibration)
+        ref = model(cal)
+        before = (rounded(model)(cal) - ref).mean(0).abs().mean().item()
+        after = (rounded(corrected)(cal) - ref).mean(0).abs().mean().item()
+        assert after < 0.5 * before, (before, after)  # the mean error it was estimated on
+        ref = model(held_apart)
+        similarity = nn.functional.cosine_similarity
+        cos = [similarity(rounded(m)(held_apart), ref).mean().item() for m in (model, corrected)]
+    assert cos[1] > cos[0] + 0.01, cos  # and fidelity on inputs it never saw
+
+
+def test_smoothquant_folds_into_pre_norm_layernorms_only() -> None:
+    import timm
+
+    from .realmodels import distilbert, token_ids
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8).eval()  # pre-LN blocks
+    x = torch.randn(4, 3, 32, 32)
+    smoothed = copy.deepcopy(vit)
+    rec = recovery.smooth_quant(smoothed, [x], x[:1], alpha=0.5)
+    assert rec["layernorms"] == 24 and rec["applied"] == 24  # norm1 -> qkv, norm2 -> fc1 in 12 blocks
+    assert _relative_change(vit, smoothed, x) < 1e-4
+    # post-LN DistilBERT adds the LayerNorm's output to the next residual: nothing may be folded
+    bert = distilbert().eval()
+    ids, mask = token_ids(8)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    smoothed = copy.deepcopy(bert)
+    rec = recovery.smooth_quant(smoothed, [inputs], inputs, alpha=0.5)
+    assert rec["applied"] == 0 and any("residual" in s for s in rec["skipped"])
+    with torch.no_grad():
+        assert torch.equal(bert(**inputs).last_hidden_state, smoothed(**inputs).last_hidden_state)
+
+
+def test_static_int8_recovery_auto_never_keeps_worse() -> None:
+    model, data = _vision("resnet18")
+    v = apply_pass("quantize.static", model, data, {"mode": "fx", "recovery": "auto"})
+    rec = v.info["recovery"]
+    tried = {tuple(t["algorithms"]) for t in rec["trials"]}
+    assert tried == {(), ("bias_correction",), ("equalization",), ("equalization", "bias_correction")}
+    none = next(t for t in rec["trials"] if t["algorithms"] == [])
+    assert rec["cosine"] == max(t["cosine"] for t in rec["trials"]) >= none["cosine"]
+    assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
+
+
+def test_listed_recovery_reports_what_does_not_apply(trained_cnn, digits, tmp_path) -> None:
+    options = {"recovery": ["smoothquant", "equalization", "bias_correction"]}
+    v = apply_pass("quantize.onnx", trained_cnn, digits, options, work_dir=tmp_path)
+    applied = {r["algorithm"]: r for r in v.info["recovery"]["applied"]}
+    assert applied["smoothquant"]["applied"] == 0 and "does not apply" in applied["smoothquant"]["note"]
+    assert applied["bias_correction"]["applied"] == 5  # every conv and linear of the digits CNN
+    rec = v.info["recovery"]
+    assert rec["cosine"] > 0.99 and rec["cosine_without"] > 0.99  # both figures, before and after
+    assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
+    twin = apply_pass("export.onnx", trained_cnn, digits, work_dir=tmp_path / "twin")
+    with pytest.raises(PassError, match="recovery works on the float torch model"):
+        apply_pass("quantize.onnx", twin, digits, {"recovery": "auto"}, work_dir=tmp_path / "q")
