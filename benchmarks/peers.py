@@ -338,13 +338,14 @@ class Encoder(nn.Module):
         return self.head(self.encoder(x.reshape(x.shape[0], self.seq, self.d)).mean(1))
 
 
-def bench_transformer(batches: list[int], min_time: float) -> None:
+def bench_transformer(batches: list[int], min_time: float, quick: bool = False) -> None:
     from torch.ao.quantization import quantize_dynamic
 
-    print("\ntransformer-encoder (4 layers, d=256, seq 32)", flush=True)
+    d, layers = (64, 1) if quick else (256, 4)
+    print(f"\ntransformer-encoder ({layers} layers, d={d}, seq 32)", flush=True)
     torch.manual_seed(0)
-    model = Encoder().eval()
-    data = load_data(SyntheticData(source="synthetic", shape=[32 * 256], num_samples=32, batch_size=8), 0)
+    model = Encoder(d=d, layers=layers).eval()
+    data = load_data(SyntheticData(source="synthetic", shape=[32 * d], num_samples=32, batch_size=8), 0)
     # the reference is PyTorch's default fp32 (the fused attention fast path on); int8 Linears
     # cannot take that path, so they run without it, and fp32 without it is timed beside them
     b = Bench("transformer-encoder", model, data, batches, min_time, fastpath=False)
@@ -459,7 +460,7 @@ def main() -> None:
     cnn = digits_cnn()
     train(cnn, digits.train, epochs=2 if args.quick else 12, lr=3e-3)
     bench_vision("digits-cnn", cnn, digits, batches, args.min_time, tmp)
-    bench_transformer(batches, args.min_time)
+    bench_transformer(batches, args.min_time, args.quick)
     if not args.quick:
         images = load_data(
             SyntheticData(source="synthetic", shape=[3, 224, 224], num_samples=32, batch_size=8), 0

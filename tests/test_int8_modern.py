@@ -331,3 +331,21 @@ def test_health_reads_paired_round_intervals() -> None:
         "slower_than_parent": "warning"
     }
     assert codes(entry("fast", [0.5, 0.65, 0.45])) == {}
+
+
+def test_an_annotation_failure_names_the_node_and_the_layer() -> None:
+    """When the X86 quantizer breaks on a graph, the error says where and which layer to keep float."""
+    from torchtame.passes.static.pt2e import failing_node
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    gm = torch.export.export(model, (torch.randn(2, 4),)).module()
+
+    def annotate(graph: torch.fx.Graph) -> None:  # a quantizer's loop over nodes, failing on one
+        for node in graph.nodes:
+            if node.name == "linear_1":
+                raise IndexError("list index out of range")
+
+    with pytest.raises(IndexError) as caught:
+        annotate(gm.graph)
+    where, module = failing_node(caught.value)
+    assert "at node linear_1" in where and module == "2", (where, module)

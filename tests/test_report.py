@@ -157,3 +157,23 @@ def test_html_renders_with_its_images_in_chromium(tmp_path: Path, results: dict)
     assert total == 3 and rendered == 3
     assert shot.is_file() and shot.stat().st_size > 10_000
     assert page_width() is not None and page_width() <= 1280
+
+
+def test_recovery_section_and_plot(results: dict) -> None:
+    stored = copy.deepcopy(results)
+    q = next(v for v in stored["variants"] if v["name"] == "int8")
+    q["info"]["recovery"] = {
+        "mode": "auto",
+        "chosen": ["bias_correction"],
+        "cosine": 0.99,
+        "trials": [
+            {"algorithms": [], "cosine": 0.97},
+            {"algorithms": ["bias_correction"], "cosine": 0.99},
+        ],
+        "applied": [{"algorithm": "bias_correction", "applied": 5}],
+    }
+    md = render_markdown(stored)
+    assert "## Recovery" in md and "kept bias_correction" in md and "none: cosine 0.97000" in md
+    page = render_html(stored)
+    assert 'alt="Recovery: fidelity per algorithm"' in page
+    assert "## Recovery" not in render_markdown(results)

@@ -10,6 +10,7 @@ from typing import Any
 from .markdown import (
     intro,
     latency_note,
+    recovery_trials,
     sections,
     selection_lines,
     sensitivity_note,
@@ -47,6 +48,7 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
         "Peak memory per variant": _memory(plt, rows, keys),
         "Speed-up per device": _speedups(plt, rows, keys),
         "Per-layer sensitivity": _sensitivity(plt, results),
+        "Recovery: fidelity per algorithm": _recovery(plt, results),
     }
     return {title: png for title, png in made.items() if png is not None}
 
@@ -129,6 +131,22 @@ def _speedups(plt: Any, rows: list[Row], keys: list[tuple[str, int]]) -> str | N
     ax.axvline(1.0, c="grey", lw=1)
     ax.set_xlabel("speed-up vs baseline (p50; bars: 95% interval over paired rounds)")
     ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def _recovery(plt: Any, results: dict[str, Any]) -> str | None:
+    trials = recovery_trials(results)
+    if not trials:
+        return None
+    labels = [f"{v}: {name}" for v, ts in trials.items() for name, _ in ts]
+    values = [c for ts in trials.values() for _, c in ts]
+    fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(labels) + 1.2))
+    ax.barh(labels, values, color="tab:orange")
+    ax.invert_yaxis()
+    low = min(values)
+    ax.set_xlim(max(0.0, low - (1 - low) * 0.5), 1.0)
+    ax.set_xlabel("cosine to float on calibration batches (held apart from evaluation)")
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..results import accuracy_of, findings_of, latencies
+from ..results import accuracy_of, findings_of, info_of, latencies
 from .rows import Row, fmt_num, latency_keys, result_task, rows_from_results
 
 
@@ -90,12 +90,49 @@ def health_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def recovery_trials(results: dict[str, Any]) -> dict[str, list[tuple[str, float]]]:
+    """Variant -> (algorithms, cosine on calibration batches) of every recovery it tried or applied."""
+    out = {}
+    for v in results.get("variants", []):
+        rec = info_of(v).get("recovery")
+        if not rec:
+            continue
+        if rec.get("trials"):
+            out[v["name"]] = [
+                (" + ".join(t["algorithms"]) or "none", t["cosine"]) for t in rec["trials"] if "cosine" in t
+            ]
+        elif rec.get("cosine") is not None:
+            out[v["name"]] = [("none", rec["cosine_without"]), (" + ".join(rec["chosen"]), rec["cosine"])]
+    return out
+
+
+def recovery_lines(results: dict[str, Any]) -> list[str]:
+    """What accuracy recovery did per variant: fidelity before and after each algorithm."""
+    lines = []
+    for v in results.get("variants", []):
+        rec = info_of(v).get("recovery")
+        if not rec:
+            continue
+        chosen = " + ".join(rec.get("chosen") or []) or "none"
+        trials = recovery_trials(results).get(v["name"], [])
+        shown = "; ".join(f"{name}: cosine {c:.5f}" for name, c in trials)
+        notes = [f"{r['algorithm']} {r['note']}" for r in rec.get("applied", []) if r.get("note")]
+        line = f"`{v['name']}` ({rec['mode']}): kept {chosen}"
+        if shown:
+            line += f" (fidelity to float on calibration batches, held apart from evaluation: {shown})"
+        lines.append(line + (f"; {'; '.join(notes)}" if notes else ""))
+    return lines
+
+
 def sections(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(title, bullet items) of the sections after the table."""
     out: list[tuple[str, list[str]]] = []
     health = health_lines(results)
     if health:
         out.append(("Health", health))
+    recovery = recovery_lines(results)
+    if recovery:
+        out.append(("Recovery", recovery))
     skipped = {(d["device"], d["reason"]) for v in results["variants"] for d in v.get("skipped_devices", [])}
     if skipped:
         out.append(("Not measured", [f"{dev}: {reason}" for dev, reason in sorted(skipped)]))

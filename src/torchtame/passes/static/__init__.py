@@ -150,8 +150,10 @@ def choose(
         trials[mode]["shortfalls"] = _shortfalls(trials[mode], kept)
         if mode == "fx" and q is not None and not trials[mode]["shortfalls"]:
             break
-    if not built:
-        hints = [t["hint"] for t in trials.values() if t.get("hint")]
+    if not built:  # a hint never suggests a mode that has just failed
+        hints = [
+            h for t in trials.values() if (h := t.get("hint")) and not any(f"mode: {m}" in h for m in trials)
+        ]
         raise PassError(
             "static int8 failed in every graph mode: "
             + "; ".join(f"{m}: {t['error']}" for m, t in trials.items() if "error" in t),

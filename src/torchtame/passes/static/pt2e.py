@@ -162,14 +162,32 @@ def quantize_pt2e(
     try:
         prepared = prepare_pt2e(gm, quantizer)
     except Exception as exc:
+        where, module = failing_node(exc)
         raise PassError(
-            f"the X86 quantizer cannot annotate this graph: {first_line(exc, 200)}",
-            hint="use `mode: fx`, or `keep_float` the module it names",
+            f"the X86 quantizer cannot annotate this graph{where}: {first_line(exc, 200)}",
+            hint=f"`keep_float: [{module}]` quantizes the rest" if module else "keep that layer float",
         ) from exc
     calibrate(prepared)
     converted = convert_pt2e(prepared)
     changes["unused_float_bytes_dropped"] = drop_unused_attributes(converted)
     return converted, changes
+
+
+def failing_node(exc: BaseException) -> tuple[str, str | None]:
+    """Where in the graph an exception was raised: the innermost frame of its traceback that was
+    looking at a graph node names it, and the node's module stack names the layer to keep float."""
+    node = None
+    tb = exc.__traceback__
+    while tb is not None:
+        found = tb.tb_frame.f_locals.get("node")
+        if isinstance(found, torch.fx.Node):
+            node = found
+        tb = tb.tb_next
+    if node is None:
+        return "", None
+    stack = node.meta.get("nn_module_stack") or {}
+    module = next(reversed(stack.values()))[0] if stack else None
+    return f" at node {node.name} ({node.target}{f', in {module}' if module else ''})", module
 
 
 def drop_unused_attributes(gm: torch.fx.GraphModule) -> int:
