@@ -163,7 +163,10 @@ def _packages(variant: Any) -> list[str]:
     if module is not None:
         names |= {type(m).__module__ for m in module.modules()}
     skip = ("torch", "builtins", "collections", "__main__", "typing")
-    return sorted(n for n in names if n and n.split(".")[0] not in skip)
+    found = sorted(n for n in names if n and n.split(".")[0] not in skip)
+    if getattr(variant, "compiled", False):  # loading a program and compiling it import these
+        found += ["torch.export", "torch._dynamo", "torch._inductor.compile_fx", "torchao.quantization.pt2e"]
+    return found
 
 
 class _Helper:
