@@ -89,6 +89,17 @@ def parser(doc: str | None, quick_help: str) -> argparse.ArgumentParser:
     return ap
 
 
+def shortened(raw: dict[str, Any], rounds: int | None = None) -> dict[str, Any]:
+    """A recipe (as a dict) with the short training and timings every ``--quick`` mode uses."""
+    raw["model"]["train"]["epochs"] = 2
+    raw["export"]["onnx"] = False
+    raw["evaluate"]["memory"] = False
+    raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5)
+    if rounds is not None:
+        raw["evaluate"]["latency"]["rounds"] = rounds
+    return raw
+
+
 def out_dir(args: argparse.Namespace) -> Path:
     """benchmarks/ for a real run; a scratch directory (or ``--results-dir``) for ``--quick``."""
     if args.results_dir is not None:

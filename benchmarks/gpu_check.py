@@ -27,10 +27,9 @@ def tiny_run() -> dict[str, Any]:
 
     raw = torchtame.load_recipe(ROOT / "recipes" / "quickstart.yaml").model_dump(mode="json", by_alias=True)
     raw["steps"] = [s for s in raw["steps"] if s["name"] in ("int8-dynamic", "int8-static", "fp16")]
-    raw["model"]["train"]["epochs"] = 2
-    raw["export"]["onnx"] = False
-    raw["evaluate"]["memory"] = False
-    raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5, rounds=1)
+    from common import shortened
+
+    raw = shortened(raw, rounds=1)
     raw["output_dir"] = tempfile.mkdtemp(prefix="torchtame-gpu-check-")
     return torchtame.run(raw).results
 

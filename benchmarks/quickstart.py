@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from common import HERE, out_dir, parser, publish
+from common import HERE, out_dir, parser, publish, shortened
 from rich.console import Console
 
 import torchtame
@@ -117,11 +117,7 @@ def quick_recipe(recipe: Any) -> Any:
     """Tiny sizes: two steps, a short training, short timings, no memory readings, no ONNX twins."""
     raw = recipe.model_dump(mode="json", by_alias=True)
     raw["steps"] = raw["steps"][:2]
-    raw["model"]["train"]["epochs"] = 2
-    raw["export"]["onnx"] = False
-    raw["evaluate"]["memory"] = False
-    raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5, rounds=2)
-    return torchtame.load_recipe(raw)
+    return torchtame.load_recipe(shortened(raw, rounds=2))
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from common import out_dir, parser, publish
+from common import out_dir, parser, publish, shortened
 
 import torchtame
 
@@ -33,10 +33,8 @@ def timed_run(out: Path, execution: dict[str, Any] | None, quick: bool = False) 
     recipe = torchtame.load_recipe(ROOT / "recipes" / "quickstart-search.yaml", output_dir=str(out))
     raw = recipe.model_dump(mode="json", by_alias=True)
     if quick:  # the same search, narrowed to a few candidates with short training and timings
-        raw["model"]["train"]["epochs"] = 2
         raw["search"].update(sensitivity=False, prune_ratios=[0.5], combine=False, onnx=False, finetune=None)
-        raw["evaluate"]["memory"] = False
-        raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5)
+        raw = shortened(raw)
     if execution:
         raw["execution"] = execution
     recipe = torchtame.load_recipe(raw)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import out_dir, parser, publish
+from common import out_dir, parser, publish, shortened
 from torch.utils.data import TensorDataset
 
 import torchtame
@@ -32,12 +32,10 @@ def digits_unlabeled(quick: bool) -> dict[str, Any]:
     recipe = torchtame.load_recipe(ROOT / "recipes" / "quickstart-unlabeled.yaml")
     if quick:  # the same search, narrowed: one ratio, one calibration, short training and timings
         raw = recipe.model_dump(mode="json", by_alias=True)
-        raw["model"]["train"]["epochs"] = 2
         raw["search"].update(prune_ratios=[0.5], onnx_methods=["MinMax"], max_float_layers=1)
         raw["search"]["finetune"]["epochs"] = 1
         raw["steps"][1]["options"]["epochs"] = 1
-        raw["evaluate"]["memory"] = False
-        raw["evaluate"]["latency"].update(min_time_s=0.02, min_runs=5)
+        raw = shortened(raw)
         recipe = torchtame.load_recipe(raw)
     recipe.output_dir = Path(tempfile.mkdtemp(prefix="torchtame-bench-"))
     res = torchtame.run(recipe).results
