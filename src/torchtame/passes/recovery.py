@@ -136,10 +136,13 @@ def _plain_bn(m: nn.Module) -> bool:
     return type(m) in (nn.BatchNorm1d, nn.BatchNorm2d)
 
 
-def find_pairs(model: nn.Module, example: Any) -> tuple[list[Pair], list[str]]:
-    """Equalizable pairs, and why other chains were left alone."""
+def find_pairs(
+    model: nn.Module, example: Any, fed: dict[str, list[str]] | None = None
+) -> tuple[list[Pair], list[str]]:
+    """Equalizable pairs, and why other chains were left alone (``fed``: the model's traced
+    consumers, where the caller has them already)."""
     mods = dict(model.named_modules())
-    fed = _consumers(_trace_modules(model, example), mods)
+    fed = fed if fed is not None else _consumers(_trace_modules(model, example), mods)
     pairs, skipped = [], []
     for name, m in mods.items():
         if not isinstance(m, WEIGHTED):
@@ -513,11 +516,11 @@ def candidates(model: nn.Module, example: Any) -> list[list[str]]:
     """The combinations ``recovery: auto`` tries on this model (each applicable one alone, then
     with bias correction after it); none first, so nothing worse than none is ever kept."""
     out: list[list[str]] = [[], ["bias_correction"]]
-    pairs, _ = find_pairs(copy.deepcopy(model), example)
+    mods = dict(model.named_modules())
+    fed = _consumers(_trace_modules(model, example), mods)  # one trace serves both questions
+    pairs, _ = find_pairs(model, example, fed)
     if pairs:
         out += [["equalization"], ["equalization", "bias_correction"]]
-    mods = dict(model.named_modules())
-    fed = _consumers(_trace_modules(model, example), mods)
     if any(isinstance(m, nn.LayerNorm) and fed.get(n) for n, m in mods.items()):
         out += [["smoothquant"], ["smoothquant", "bias_correction"]]
     return out

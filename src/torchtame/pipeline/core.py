@@ -228,9 +228,8 @@ class Pipeline:
     def run(self) -> RunResult:
         try:
             self.setup()
-            assert self.store is not None and self.engine is not None and self.host is None
             model, _ = self.load()
-            assert self.host is not None
+            assert self.engine is not None and self.host is not None
             self.build_variants(model)
             self.engine.retime(self.host)
             self.select()

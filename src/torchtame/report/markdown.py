@@ -109,12 +109,13 @@ def recovery_trials(results: dict[str, Any]) -> dict[str, list[tuple[str, float]
 def recovery_lines(results: dict[str, Any]) -> list[str]:
     """What accuracy recovery did per variant: fidelity before and after each algorithm."""
     lines = []
+    every = recovery_trials(results)
     for v in results.get("variants", []):
         rec = info_of(v).get("recovery")
         if not rec:
             continue
         chosen = " + ".join(rec.get("chosen") or []) or "none"
-        trials = recovery_trials(results).get(v["name"], [])
+        trials = every.get(v["name"], [])
         shown = "; ".join(f"{name}: cosine {c:.5f}" for name, c in trials)
         notes = [f"{r['algorithm']} {r['note']}" for r in rec.get("applied", []) if r.get("note")]
         line = f"`{v['name']}` ({rec['mode']}): kept {chosen}"
