@@ -118,12 +118,57 @@ def test_smoothquant_folds_into_pre_norm_layernorms_only() -> None:
         assert torch.equal(bert(**inputs).last_hidden_state, smoothed(**inputs).last_hidden_state)
 
 
+def _weights_rounded(m: nn.Module) -> nn.Module:
+    """What the int8 kernels compute, weights-wise: every conv/linear on its round-to-nearest grid."""
+    q = copy.deepcopy(m)
+    with torch.no_grad():
+        for layer in q.modules():
+            if isinstance(layer, nn.Conv2d | nn.Linear):
+                layer.weight.copy_(recovery.fake_quant_weight(layer.weight))
+    return q
+
+
+def test_adaround_learns_better_roundings_through_padding_subclasses() -> None:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("tf_efficientnet_lite0").eval()  # Conv2dSame pads in forward
+    data = _images(n=96, batch=32)
+    calibration = [x for x, _ in data.calibration]
+    recalibrate_batchnorm(model, calibration)
+    held_apart = torch.cat([x for x, _ in data.evaluation])
+    rounded = copy.deepcopy(model)
+    [rec] = recovery.apply(rounded, ["adaround"], data.example_input(1), calibration, iterations=40)
+    assert rec["applied"] == 50 and rec["batchnorms_folded"] >= 40
+    assert rec["median_output_mse_ratio"] > 1.03 and 0 < rec["weights_flipped_from_nearest"] < 0.2
+    with torch.no_grad():
+        ref = model(held_apart)
+        cos = [
+            nn.functional.cosine_similarity(_weights_rounded(m)(held_apart), ref).mean().item()
+            for m in (model, rounded)
+        ]
+    assert cos[1] > cos[0] + 0.003, cos  # on inputs it never saw
+
+
+def test_adaround_integers_are_what_the_back_ends_store(trained_cnn, digits) -> None:
+    for mode in ("fx", "pt2e"):
+        options = {"mode": mode, "recovery": ["adaround"], "adaround_iterations": 20}
+        v = apply_pass("quantize.static", trained_cnn, digits, options)
+        [rec] = v.info["recovery"]["applied"]
+        assert rec["backend_check"] == {"layers_verified": "5/5", "not_matched": []}, mode
+        assert "expected_integers" not in rec  # tensors never reach results.json
+    with pytest.raises(Exception, match="per-channel int8 grid"):
+        apply_pass("quantize.static", trained_cnn, digits, {**options, "weight_granularity": "per_tensor"})
+
+
 def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     model, data = _vision("resnet18")
-    v = apply_pass("quantize.static", model, data, {"mode": "fx", "recovery": "auto"})
+    options = {"mode": "fx", "recovery": "auto", "adaround_iterations": 10}
+    v = apply_pass("quantize.static", model, data, options)
     rec = v.info["recovery"]
     tried = {tuple(t["algorithms"]) for t in rec["trials"]}
-    assert tried == {(), ("bias_correction",), ("equalization",), ("equalization", "bias_correction")}
+    expected = {(), ("bias_correction",), ("equalization",), ("equalization", "bias_correction")}
+    assert tried == expected | {("equalization", "adaround")}
     none = next(t for t in rec["trials"] if t["algorithms"] == [])
     assert rec["cosine"] == max(t["cosine"] for t in rec["trials"]) >= none["cosine"]
     assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]

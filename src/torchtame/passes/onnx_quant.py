@@ -48,6 +48,9 @@ class OnnxQuantOptions(RecoveryOptions):
         default_factory=OnnxOptions, description="Used when the source is a torch variant."
     )
 
+    def per_channel_weights(self) -> bool:
+        return self.per_channel and self.weight_type == "int8" and not self.reduce_range
+
 
 class _Reader:
     """onnxruntime CalibrationDataReader over the recipe's calibration loader (inputs by name).
@@ -156,8 +159,22 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         "graph": inspect_onnx(out),
     }
     if recovered is not None:
+        recovery.verify_rounding(recovered, onnx_int8_weights(out))
         info["recovery"] = recovered
     return ctx.variant(None, onnx_path=out, dtype=f"onnx-{opts.mode}-int8", quantized=True, info=info)
+
+
+def onnx_int8_weights(path: Path) -> list[torch.Tensor]:
+    """The int8 initializers of a quantized ONNX model (its weights, as onnxruntime rounded them)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    return [
+        torch.from_numpy(numpy_helper.to_array(t).copy())
+        for t in graph.initializer
+        if t.data_type == onnx.TensorProto.INT8
+    ]
 
 
 def _export(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions, name: str) -> Path:

@@ -13,6 +13,9 @@ FX, PT2E and onnxruntime all keep the gain (``recovery:`` of ``quantize.static``
 - ``bias_correction`` (empirical): each layer's bias absorbs the mean output error that rounding
   its weights to per-channel symmetric int8 causes on calibration data, E[(W - Q(W)) x], so the
   int8 layer's outputs are right on average.
+- ``adaround`` (Nagel et al. 2020, :mod:`.adaround`): each layer's rounding up or down is learned
+  on calibration data and written back as float weights on the back ends' int8 grid, so their
+  round-to-nearest reproduces it (checked on the converted model).
 - ``smoothquant`` (Xiao et al. 2022): for Linears fed by a LayerNorm (Transformers), activation
   outliers move into the weights: input channel j is divided by
   s_j = max|X_j|^alpha / max|W_:,j|^(1 - alpha) (folded into the LayerNorm) and the Linears'
@@ -35,16 +38,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from ..inputs import call
 from ..options import Strict
+from .adaround import adaround, check_integers
 
 log = logging.getLogger("torchtame")
 
-Algorithm = Literal["equalization", "bias_correction", "smoothquant"]
-ALGORITHMS: tuple[str, ...] = ("equalization", "bias_correction", "smoothquant")
+Algorithm = Literal["equalization", "bias_correction", "smoothquant", "adaround"]
+ALGORITHMS: tuple[str, ...] = ("equalization", "bias_correction", "smoothquant", "adaround")
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Linear)
 SCALE_EQUIVARIANT = (nn.ReLU, nn.Identity)  # f(x / s) = f(x) / s for s > 0
 NOT_EQUIVARIANT = (
@@ -183,8 +187,9 @@ def _channels_match(a: nn.Module, b: nn.Module) -> bool:
 # --------------------------------------------------------------------------- equalization
 
 
-def _fold_bn(model: nn.Module, conv_name: str, bn_name: str) -> None:
-    """Fold an eval-mode BatchNorm into the convolution/linear before it; the BN becomes Identity."""
+def _fold_bn(model: nn.Module, conv_name: str, bn_name: str, keep: bool = False) -> None:
+    """Fold an eval-mode BatchNorm into the convolution/linear before it; the BN becomes Identity
+    (``keep``: it stays, with statistics that make its normalisation the identity)."""
     conv, bn = model.get_submodule(conv_name), model.get_submodule(bn_name)
     with torch.no_grad():
         std = torch.sqrt(bn.running_var + bn.eps)
@@ -199,8 +204,38 @@ def _fold_bn(model: nn.Module, conv_name: str, bn_name: str) -> None:
             conv.bias = nn.Parameter(new_bias)
         else:
             conv.bias.copy_(new_bias)
+        if keep:
+            bn.running_mean.zero_()
+            bn.running_var.fill_(1.0 - bn.eps)
+            if bn.weight is not None:
+                bn.weight.fill_(1.0)
+            if bn.bias is not None:
+                bn.bias.zero_()
+            return
     parent, _, child = bn_name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, nn.Identity())
+
+
+def fold_batchnorms(model: nn.Module, example: Any) -> int:
+    """Fold every BatchNorm that is the only consumer of a convolution/linear into it (as the back
+    ends do before they quantize weights); returns how many. A BatchNorm subclass with more in it
+    (timm's BatchNormAct2d) stays, its statistics made the identity, so its activation still runs."""
+    mods = dict(model.named_modules())
+    fed = _consumers(_trace_modules(model, example), mods)
+    folded = 0
+    for name, m in mods.items():
+        nxt = fed.get(name, [])
+        if not (isinstance(m, WEIGHTED) and len(nxt) == 1 and "#" not in nxt[0]):
+            continue
+        bn = mods[nxt[0]]
+        if _plain_bn(bn):
+            _fold_bn(model, name, nxt[0])
+        elif isinstance(bn, nn.modules.batchnorm._BatchNorm) and bn.track_running_stats:
+            _fold_bn(model, name, nxt[0], keep=True)
+        else:
+            continue
+        folded += 1
+    return folded
 
 
 def _in_ranges(layer: nn.Module) -> torch.Tensor:
@@ -469,17 +504,21 @@ def apply(
     batches: list[Any],
     alpha: float = 0.5,
     skip: set[str] | None = None,
+    iterations: int = 200,
 ) -> list[dict[str, Any]]:
     """Apply ``algorithms`` to the float ``model`` in place, in the order that composes: smoothing
-    and equalization change the weights, bias correction then corrects what their rounding costs.
-    Returns one record per algorithm; one that found nothing to do says so (and logs it)."""
+    and equalization change the weights, AdaRound rounds them, bias correction then corrects what
+    rounding still costs. Returns one record per algorithm; one that found nothing to do says so
+    (and logs it)."""
     done = []
-    order = [a for a in ("smoothquant", "equalization", "bias_correction") if a in algorithms]
+    order = [a for a in ("smoothquant", "equalization", "adaround", "bias_correction") if a in algorithms]
     for name in order:
         if name == "smoothquant":
             rec = smooth_quant(model, batches, example, alpha)
         elif name == "equalization":
             rec = equalize(model, example)
+        elif name == "adaround":
+            rec = adaround(model, batches, lambda m: fold_batchnorms(m, example), iterations, skip)
         else:
             rec = correct_bias(model, batches, skip)
         if not rec["applied"]:
@@ -487,6 +526,7 @@ def apply(
                 "smoothquant": "no LayerNorm feeds only Linears (post-LN residuals are left alone)",
                 "equalization": "no conv/linear pairs joined by ReLU or nothing",
                 "bias_correction": "no conv/linear layers",
+                "adaround": "no conv/linear layers",
             }[name]
             rec["note"] = f"does not apply to this model: {why}"
             log.info("recovery %s %s", name, rec["note"])
@@ -508,11 +548,27 @@ class RecoveryOptions(Strict):
     )
     smoothquant_alpha: float = Field(0.5, ge=0, le=1, description="SmoothQuant's migration strength.")
     recovery_batches: int = Field(
-        4, ge=1, le=64, description="Calibration batches that bias correction and SmoothQuant read."
+        4, ge=1, le=64, description="Calibration batches that bias correction, AdaRound and SmoothQuant read."
+    )
+    adaround_iterations: int = Field(
+        200, ge=10, le=20000, description="AdaRound: optimisation steps per layer (time grows linearly)."
     )
 
+    def per_channel_weights(self) -> bool:
+        """Whether the pass rounds weights per output channel (AdaRound's grid); passes override."""
+        return True
 
-def candidates(model: nn.Module, example: Any) -> list[list[str]]:
+    @model_validator(mode="after")
+    def _adaround_grid(self) -> RecoveryOptions:
+        if isinstance(self.recovery, list) and "adaround" in self.recovery and not self.per_channel_weights():
+            raise ValueError(
+                "`adaround` learns roundings on the per-channel int8 grid, and these options quantize "
+                "weights per tensor: use per-channel weights, or drop adaround"
+            )
+        return self
+
+
+def candidates(model: nn.Module, example: Any, per_channel: bool = True) -> list[list[str]]:
     """The combinations ``recovery: auto`` tries on this model (each applicable one alone, then
     with bias correction after it); none first, so nothing worse than none is ever kept."""
     out: list[list[str]] = [[], ["bias_correction"]]
@@ -523,6 +579,8 @@ def candidates(model: nn.Module, example: Any) -> list[list[str]]:
         out += [["equalization"], ["equalization", "bias_correction"]]
     if any(isinstance(m, nn.LayerNorm) and fed.get(n) for n, m in mods.items()):
         out += [["smoothquant"], ["smoothquant", "bias_correction"]]
+    if per_channel and any(isinstance(m, (nn.Conv1d, nn.Conv2d)) for m in mods.values()):  # convs gain most
+        out += [["equalization", "adaround"] if pairs else ["adaround"]]
     return out
 
 
@@ -543,10 +601,10 @@ def choose(
     the best is kept, every trial recorded."""
     batches = calibration_batches(loader, opts.recovery_batches)
     trials, best = [], None
-    for combo in candidates(model, example):
+    for combo in candidates(model, example, opts.per_channel_weights()):
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
-        records = apply(m, combo, example, batches, opts.smoothquant_alpha, skip)
+        records = apply(m, combo, example, batches, opts.smoothquant_alpha, skip, opts.adaround_iterations)
         try:
             value = score(m)
         except Exception as exc:  # one candidate failing to build must not stop the others
@@ -581,10 +639,32 @@ def recover(
     m = copy.deepcopy(model)
     t0 = time.perf_counter()
     batches = calibration_batches(loader, opts.recovery_batches)
-    records = apply(m, list(opts.recovery), example, batches, opts.smoothquant_alpha, skip)
+    records = apply(
+        m, list(opts.recovery), example, batches, opts.smoothquant_alpha, skip, opts.adaround_iterations
+    )
     info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
     info["seconds"] = round(time.perf_counter() - t0, 2)
     if score is not None:
         info["cosine"] = round(score(m), 6)
         info["cosine_without"] = round(score(model), 6)
     return m, info
+
+
+def verify_rounding(info: dict[str, Any] | None, found: list[torch.Tensor]) -> None:
+    """Replace AdaRound's expected integers in ``info`` (``info.recovery``) by the check that the
+    back end stored them (``found``: the converted model's int8 weight tensors); logs a mismatch."""
+    for rec in (info or {}).get("applied", []):
+        expected = rec.pop("expected_integers", None)
+        if expected is None:
+            continue
+        rec["backend_check"] = check = check_integers(expected, found)
+        done, total = check["layers_verified"].split("/")
+        if done != total:
+            log.warning(
+                "adaround: the back end stored different integers than AdaRound chose for %s of %s "
+                "layers (%s)",
+                int(total) - int(done),
+                total,
+                ", ".join(check["not_matched"][:3]),
+            )
+

@@ -28,6 +28,7 @@ from ...runtime import check_backend, compiled, quantized_engine
 from ...variant import PassContext, Variant
 from .. import recovery
 from .._select import match_modules, module_types, require_float
+from ..adaround import int8_weights
 from .fx import StaticOptions, calibrate, static_eager, static_fx
 from .pt2e import quantize_pt2e
 
@@ -271,6 +272,7 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
     if choice is not None:
         info["mode_choice"] = choice
     if recovered is not None:
+        recovery.verify_rounding(recovered, int8_weights(q))
         info["recovery"] = recovered
     return ctx.variant(
         q,

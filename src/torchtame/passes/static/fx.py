@@ -33,6 +33,9 @@ class StaticOptions(RecoveryOptions):
     keep_float_types: list[str] = Field(default_factory=list, description="e.g. [Linear].")
     fuse: bool = Field(True, description="Eager mode: fuse Conv-BN(-ReLU) and Linear-ReLU first.")
 
+    def per_channel_weights(self) -> bool:
+        return self.weight_granularity == "per_channel"
+
 
 def build_qconfig(opts: StaticOptions, backend: str) -> Any:
     from torch.ao.quantization import QConfig, observer
