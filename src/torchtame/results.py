@@ -84,6 +84,8 @@ class SizeEntry(TypedDict, total=False):
     nonzero_params: int
     macs: int | None
     macs_source: str | None
+    sparse_format_bytes: int  # where >= 30% of parameters are zero: non-zeros + bitmask
+    compressed_bytes: int  # ...and the saved files compressed with xz
 
 
 class Finding(TypedDict, total=False):

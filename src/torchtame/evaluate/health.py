@@ -26,6 +26,7 @@ from ..results import (
     latencies,
     setting,
     size_bytes,
+    size_of,
 )
 from .stats import Ratio, paired_ratio
 
@@ -44,6 +45,7 @@ FLAG = {
     "exceeds_device_memory": "memory",
     "no_measurable_speedup": "no speed-up",
     "non_finite_outputs": "NaN/inf",
+    "sparse_dense_kernels": "dense kernels",
 }
 
 
@@ -91,6 +93,12 @@ FINDINGS: tuple[tuple[str, str, str], ...] = (
     ),
     ("float_islands", "info", "dequantize -> float ops -> quantize round trips in an int8 graph"),
     ("fixed_axes", "info", "ONNX axes that came out fixed although the export asked for them dynamic"),
+    (
+        "sparse_dense_kernels",
+        "info",
+        "at least 30% of the weights are zeros, and the devices measured run dense kernels that "
+        "multiply them: smaller in a sparse format, not faster",
+    ),
 )
 
 
@@ -415,6 +423,28 @@ def check_export(entry: VariantEntry) -> list[Finding]:
     ]
 
 
+def check_sparse(entry: VariantEntry) -> list[Finding]:
+    """Sparse weights on dense kernels: a saving on disk in a sparse format, never a speed-up."""
+    size = size_of(entry)
+    sparse = size.get("sparse_format_bytes")
+    if sparse is None or info_of(entry).get("semi_structured_layers"):
+        return []
+    zeros = 1 - size.get("nonzero_params", 0) / max(1, size.get("params", 1))
+    return [
+        finding(
+            "sparse_dense_kernels",
+            "info",
+            f"sparse weights, dense kernels on this device: {zeros:.0%} of the parameters are zeros, "
+            f"{sparse / 1e6:.3f} MB in a sparse format against {size.get('bytes', 0) / 1e6:.3f} MB saved "
+            "dense, and the kernels still multiply every zero, so expect no speed-up",
+            "for speed remove whole channels (prune.structured) or quantize (sparse then int8 keeps the "
+            "zeros); 2:4 sparsity runs faster only on GPUs with sparse tensor cores (compute capability "
+            "8.0+)",
+            zeros=round(zeros, 4),
+        )
+    ]
+
+
 def check(
     entry: VariantEntry,
     parent: VariantEntry | None,
@@ -438,6 +468,7 @@ def check(
     out += within_constraints(fidelity) if meets_constraints else fidelity
     out += check_graph(entry)
     out += check_export(entry)
+    out += check_sparse(entry)
     out += check_memory(entry, capacity)
     return sorted(out, key=lambda f: LEVELS.index(f["level"]))
 

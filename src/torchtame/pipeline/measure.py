@@ -20,7 +20,14 @@ from ..evaluate.latency import LatencyStats
 from ..evaluate.macs import count_macs_params
 from ..evaluate.memory import CpuMemoryProbe, cuda_peak
 from ..evaluate.runner import Run, Timing
-from ..evaluate.size import module_params, onnx_params, size_report
+from ..evaluate.size import (
+    SPARSE_ENOUGH,
+    module_params,
+    module_tensors,
+    onnx_params,
+    onnx_tensors,
+    size_report,
+)
 from ..inputs import batch_size
 from ..progress import NullProgress, Progress
 from ..recipe import EvaluateConfig
@@ -157,9 +164,11 @@ class Measurer:
         if v.kind == "onnx":
             assert v.onnx_path is not None
             params = onnx_params(v.onnx_path)
+            tensors = lambda: onnx_tensors(v.onnx_path)  # noqa: E731
         else:
             assert v.module is not None
             params = module_params(v.module)
+            tensors = lambda: module_tensors(v.module)  # noqa: E731
         macs, source = None, None
         if self.config.macs:
             if v.is_float and v.module is not None and v.dtype == "float32":
@@ -170,7 +179,8 @@ class Measurer:
             elif parent_entry is not None:  # int8/ONNX graphs do the float parent's arithmetic
                 macs = size_of(parent_entry).get("macs")
                 source = f"inherited from {parent_entry['name']}" if macs is not None else None
-        report = size_report(params, files, macs)
+        sparse = params[0] and 1 - params[1] / params[0] >= SPARSE_ENOUGH
+        report = size_report(params, files, macs, tensors() if sparse else None)
         report["macs_source"] = source
         return report
 

@@ -7,6 +7,8 @@ import html
 import io
 from typing import Any
 
+from .compression import qat_plot, sparsity_plot
+from .compression import tables as compression_tables
 from .markdown import (
     intro,
     latency_note,
@@ -49,6 +51,8 @@ def plots(results: dict[str, Any]) -> dict[str, str]:
         "Speed-up per device": _speedups(plt, rows, keys),
         "Per-layer sensitivity": _sensitivity(plt, results),
         "Recovery: fidelity per algorithm": _recovery(plt, results),
+        "Sparsity per layer": _figure(sparsity_plot(plt, results)),
+        "Quantization-aware training curve": _figure(qat_plot(plt, results)),
     }
     return {title: png for title, png in made.items() if png is not None}
 
@@ -135,6 +139,10 @@ def _speedups(plt: Any, rows: list[Row], keys: list[tuple[str, int]]) -> str | N
     return _png(fig)
 
 
+def _figure(fig: Any) -> str | None:
+    return None if fig is None else _png(fig)
+
+
 def _recovery(plt: Any, results: dict[str, Any]) -> str | None:
     trials = recovery_trials(results)
     if not trials:
@@ -218,6 +226,12 @@ def render_html(results: dict[str, Any], recipe_yaml: str | None = None) -> str:
         parts.append("".join(f"<th>{esc(h)}</th>" for h in shead))
         parts.append("</tr></thead><tbody>")
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in sbody]
+        parts.append("</tbody></table></div>")
+    for title, note, thead, tbody in compression_tables(results):
+        parts.append(f"<h2>{esc(title)}</h2><p>{esc(note)}</p><div class='scroll'><table><thead><tr>")
+        parts.append("".join(f"<th>{esc(h)}</th>" for h in thead))
+        parts.append("</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in tbody]
         parts.append("</tbody></table></div>")
     for title, items in sections(results):
         parts.append(f"<h2>{esc(title)}</h2><ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>")

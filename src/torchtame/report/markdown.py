@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..results import accuracy_of, findings_of, info_of, latencies
+from .compression import tables as compression_tables
 from .rows import Row, fmt_num, latency_keys, result_task, rows_from_results
 
 
@@ -321,6 +322,10 @@ def render_markdown(results: dict[str, Any], recipe_yaml: str | None = None) -> 
         out += ["## Sensitivity", "", sensitivity_note(sens), ""]
         out += ["| " + " | ".join(shead) + " |", "|" + "---|" * len(shead)]
         out += ["| " + " | ".join(row) + " |" for row in sbody]
+        out.append("")
+    for title, note, thead, tbody in compression_tables(results):
+        out += [f"## {title}", "", note, "", "| " + " | ".join(thead) + " |", "|" + "---|" * len(thead)]
+        out += ["| " + " | ".join(row) + " |" for row in tbody]
         out.append("")
     for title, items in sections(results):
         out += [f"## {title}", "", *[f"- {item}" for item in items], ""]
