@@ -155,9 +155,10 @@ def test_pruned_model_reloads_with_equal_outputs(trained_cnn, digits, tmp_path: 
     assert again.features[0].out_channels == 8
 
 
-def test_multihead_attention_keeps_heads_and_prunes_the_ffn(digits) -> None:
-    """nn.MultiheadAttention ties its heads to the model width: torch-pruning keeps them whole and
-    prunes the feed-forward channels consistently; the pruned model runs."""
+def test_multihead_attention_heads_are_pruned_and_the_width_kept(digits) -> None:
+    """nn.MultiheadAttention ties its packed projection to the model width: it is split into q/k/v
+    Linears, whose heads torch-pruning removes; the FFN is pruned consistently; the model runs.
+    With ``prune_heads: false`` its heads stay whole."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, 4, 64, dropout=0.0, batch_first=True)
     model = nn.Sequential(
@@ -176,9 +177,13 @@ def test_multihead_attention_keeps_heads_and_prunes_the_ffn(digits) -> None:
             return self.head(self.body(x).mean(1))
 
     v = apply_pass("prune.structured", Head().eval(), digits, {"ratio": 0.5})
-    assert v.info["heads_kept_whole"] == ["body.3.layers.0.self_attn", "body.3.layers.1.self_attn"]
+    names = ["body.3.layers.0.self_attn", "body.3.layers.1.self_attn"]
+    assert v.info["multihead_split"] == names  # split into q/k/v projections, then head-pruned
+    assert v.info["attention_heads"] == {n: [4, 2] for n in names}
     assert [lyr.linear1.out_features for lyr in v.module.body[3].layers] == [32, 32]
-    assert all(lyr.self_attn.embed_dim == 16 for lyr in v.module.body[3].layers)
+    assert all(lyr.self_attn.embed_dim == 16 for lyr in v.module.body[3].layers)  # the width is kept
+    kept = apply_pass("prune.structured", Head().eval(), digits, {"ratio": 0.5, "prune_heads": False})
+    assert kept.info["heads_kept_whole"] == names
     with torch.inference_mode():
         assert v.module(digits.example_input(3)).shape == (3, 10)
 

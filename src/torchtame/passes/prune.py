@@ -22,6 +22,7 @@ from ..options import Strict, TrainOptions
 from ..registry import register_pass
 from ..variant import PassContext, Variant
 from ._select import match_modules, require_float
+from .attention import split_multihead
 from .finetune import train_with
 
 Criterion = Literal["l1", "l2", "magnitude", "bn_scale", "taylor", "lamp", "fpgm", "random"]
@@ -78,8 +79,10 @@ class PruneOptions(Strict):
     taylor_batches: int = Field(4, ge=1, description="Batches with gradients for `taylor`.")
     prune_heads: bool = Field(
         True,
-        description="Attention models: remove whole heads (BERT/DistilBERT-style attention) besides "
-        "FFN channels; the model width (embeddings, residual stream) is always kept.",
+        description="Attention models: remove whole heads besides FFN channels (query/key/value "
+        "Linears as in BERT/DistilBERT/BART, fused qkv as in timm, nn.MultiheadAttention as in "
+        "torchvision's ViT and nn.Transformer, which is first split into separate projections); the model "
+        "width (embeddings, residual stream) is always kept.",
     )
     head_ratio: float | None = Field(
         None, ge=0, lt=1, description="Fraction of heads to remove per attention layer (default: `ratio`)."
@@ -156,6 +159,12 @@ class Attention:
     unknown: list[str] = field(default_factory=list)
 
 
+def _fused(m: nn.Module) -> bool:
+    """timm's ``Attention`` layout: ``qkv`` Linear of 3 x heads x head_dim outputs, ``num_heads``."""
+    qkv, heads = getattr(m, "qkv", None), getattr(m, "num_heads", None)
+    return isinstance(qkv, nn.Linear) and isinstance(heads, int) and qkv.out_features % (3 * heads) == 0
+
+
 def find_attention(model: nn.Module, ignored: list[str]) -> Attention:
     found = Attention()
     for name, m in model.named_modules():
@@ -174,7 +183,10 @@ def find_attention(model: nn.Module, ignored: list[str]) -> Attention:
             ),
             None,
         )
-        if layout is not None:
+        if _fused(m):  # one qkv Linear holding every head's query, key and value (timm)
+            found.num_heads[m.qkv] = m.num_heads
+            found.prunable.append((name, m, "qkv", "num_heads"))
+        elif layout is not None:
             q, k, v, n = layout
             for a in (q, k, v):
                 found.num_heads[getattr(m, a)] = getattr(m, n)
@@ -228,6 +240,12 @@ def _update_heads(attention: Attention, pruner: Any) -> dict[str, list[int]]:
         setattr(m, n, after)
         if hasattr(m, "all_head_size"):
             m.all_head_size = getattr(m, q).out_features
+        if q == "qkv":  # fused: the head width is unchanged, so is the softmax scale
+            head_dim = m.qkv.out_features // (3 * after)
+            if hasattr(m, "head_dim"):
+                m.head_dim = head_dim
+            if hasattr(m, "attn_dim"):
+                m.attn_dim = after * head_dim
         changed[name] = [before, after]
     return changed
 
@@ -269,13 +287,16 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
     require_float(ctx, NAME, "prune first, then quantize (`from:` the pruned variant)")
     model = model.float().eval()
     example = ctx.example_input
+    kept = match_modules(model, opts.ignored_layers, "ignored_layers") if opts.ignored_layers else []
+    split = split_multihead(model, kept) if opts.prune_heads else []
     plan = _plan(model, ctx, opts)
     before_channels = channel_counts(model)
     base = count_macs_params(model, example)
     pruner, steps = _pruner(model, example, opts, plan)
-    history = _prune_steps(model, ctx, opts, pruner, steps, base)
+    original_heads = {name: getattr(m, n) for name, m, _, n in plan.attention.prunable}
+    history = _prune_steps(model, ctx, opts, pruner, steps, base, plan.attention)
     model.eval()
-    heads = _update_heads(plan.attention, pruner)
+    heads = {k: [original_heads[k], after] for k, (_, after) in _update_heads(plan.attention, pruner).items()}
     _check_runs(model, example)
     macs, params = count_macs_params(model, example)
     if opts.target is not None and not opts.target.reached(macs, params, base):
@@ -297,6 +318,7 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
             "channels": {n: [before_channels[n], after[n]] for n in before_channels if n in after},
             **({"attention_heads": heads} if heads else {}),
             **({"heads_kept_whole": plan.attention.fixed} if plan.attention.fixed else {}),
+            **({"multihead_split": split} if split else {}),
             **({"recurrent_kept_whole": plan.recurrent} if plan.recurrent else {}),
         },
     )
@@ -333,6 +355,9 @@ def _plan(model: nn.Module, ctx: PassContext, opts: PruneOptions) -> Plan:
     # embedding tables stay whole: their rows are the vocabulary, and in attention models their
     # width is the model width (the residual stream every layer adds to)
     ignored += [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    # vision Transformers embed patches with a convolution whose channels are the model width
+    widths = {m.in_features for m in attention.num_heads if isinstance(m, nn.Linear)}
+    ignored += [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.out_channels in widths]
     # torch-pruning's RNN handler breaks on LSTM/GRU weights (index out of range in weight_hh)
     recurrent = [n for n, m in model.named_modules() if isinstance(m, nn.RNNBase) and m not in ignored]
     ignored += [model.get_submodule(n) for n in recurrent]
@@ -377,7 +402,13 @@ def _pruner(model: nn.Module, example: Any, opts: PruneOptions, plan: Plan) -> t
 
 
 def _prune_steps(
-    model: nn.Module, ctx: PassContext, opts: PruneOptions, pruner: Any, steps: int, base: tuple[int, int]
+    model: nn.Module,
+    ctx: PassContext,
+    opts: PruneOptions,
+    pruner: Any,
+    steps: int,
+    base: tuple[int, int],
+    attention: Attention,
 ) -> list[dict[str, Any]]:
     """The pruning steps (fine-tuned between, where asked); stops once the target is reached."""
     history = []
@@ -395,6 +426,7 @@ def _prune_steps(
                     hint="add the layer it names to `ignored_layers`",
                 ) from exc
             model.zero_grad(set_to_none=True)
+            _update_heads(attention, pruner)  # the model runs with its new head counts from here
             macs, params = count_macs_params(model, ctx.example_input)
             history.append({"step": step + 1, "macs": macs, "params": params})
             task.advance(1)

@@ -30,8 +30,9 @@ def sparsity_table(results: dict[str, Any]) -> Table | None:
     body.append(["MB compressed (xz)", *[_mb(size_of(v).get("compressed_bytes")) for v in variants]])
     note = (
         "Fraction of zero weights per layer (dense: left alone). The saved files are dense; the sparse-"
-        "format size is what non-zero values plus a one-bit-per-weight mask take; compressed is the saved file through xz. Dense kernels multiply "
-        "the zeros, so on the CPU sparsity shrinks a model in a sparse format but does not speed it up."
+        "format size is what non-zero values plus a one-bit-per-weight mask take; compressed is the "
+        "saved file through xz. Dense kernels multiply the zeros, so on the CPU sparsity shrinks a "
+        "model in a sparse format but does not speed it up."
     )
     return "Sparsity", note, head, body
 
