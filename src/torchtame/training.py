@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,13 +84,17 @@ def train(
     output: str | int | None = None,
     distill: Distill | None = None,
     use_labels: bool = True,
+    on_step: Callable[[int], None] | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` in place on its measured ``output``: cross-entropy on labels, or
     distillation from ``distill.teacher`` (no labels needed; mixed with cross-entropy by
     ``distill.alpha`` where labels may be used). Returns the mean loss of each epoch.
 
     Runs ``epochs`` passes over ``loader`` or exactly ``steps`` optimizer steps (cycling the loader).
-    The model is left in eval mode on the CPU.
+    ``on_step(steps done)`` runs after every optimizer step and ``on_epoch(epoch, mean loss)`` after
+    every pass (quantization-aware training freezes and records there). The model is left in eval
+    mode on the CPU.
     """
     _check_trainable(loader, distill, use_labels)
     assert loader is not None
@@ -128,8 +133,13 @@ def train(
                 count += n
                 done += 1
                 task.advance(1, loss=f"{loss.item():.3f}")
+                if on_step is not None:
+                    on_step(done)
             epoch_losses.append(running / max(count, 1))
-    model.eval().to("cpu")
+            if on_epoch is not None:
+                on_epoch(len(epoch_losses), epoch_losses[-1])
+    model.eval()  # (exported graphs' eval() returns None: not chained)
+    model.to("cpu")
     if teacher is not None:
         teacher.to("cpu")
     return {
@@ -209,6 +219,7 @@ def train_with_options(
     teacher: nn.Module | None = None,
     features: bool = False,
     use_labels: bool = True,
+    **hooks: Any,
 ) -> dict[str, Any]:
     """:func:`train` with the recipe's training options (pre-training, fine-tuning); with
     ``loss: distill`` the ``teacher`` (the baseline) provides the targets."""
@@ -232,4 +243,5 @@ def train_with_options(
         output=output,
         distill=distill,
         use_labels=use_labels,
+        **hooks,
     )

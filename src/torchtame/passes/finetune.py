@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from ..errors import PassError
@@ -16,10 +18,13 @@ class FinetuneOptions(TrainOptions):
     """Fine-tuning options (the shared training options)."""
 
 
-def train_with(model: nn.Module, ctx: PassContext, opts: TrainOptions, description: str, seed: int) -> dict:
+def train_with(
+    model: nn.Module, ctx: PassContext, opts: TrainOptions, description: str, seed: int, **hooks: Any
+) -> dict:
     """Train ``model`` in place with ``opts``; returns the stats. Cross-entropy trains on the train
     split; distillation from the baseline needs no labels and uses the train split's inputs, or
-    the calibration split's where there is no train split."""
+    the calibration split's where there is no train split. ``hooks``: ``on_step``/``on_epoch`` of
+    :func:`torchtame.training.train`."""
     distill = opts.loss == "distill"
     loader = ctx.data.train if ctx.data.train is not None or not distill else ctx.data.calibration
     return train_with_options(
@@ -34,6 +39,7 @@ def train_with(model: nn.Module, ctx: PassContext, opts: TrainOptions, descripti
         teacher=ctx.baseline.module if distill else None,
         features=ctx.task == "features",
         use_labels=bool(ctx.data.use_labels),
+        **hooks,
     )
 
 

@@ -1,0 +1,318 @@
+"""``quantize.qat``: quantization-aware training, then the same int8 artefacts as ``quantize.static``.
+
+The float model is fake-quantized (int8 rounding simulated in float, with straight-through
+gradients), its observers calibrated on a few calibration batches, then trained with the shared
+training loop: cross-entropy on labels, or distillation from the baseline (``loss: distill``, the
+default: no labels needed). The weights learn to sit where int8 rounds them well. BatchNorm
+statistics and the observers' ranges are frozen after a number of steps, so the last steps
+train against the ranges the int8 model will use. The result is converted like post-training int8.
+
+- ``pt2e``: torchao's ``prepare_qat_pt2e`` with the X86 Inductor quantizer's QAT config on
+  torchtame's normalised export (conv-BN pairs fused for training), converted by
+  ``convert_pt2e`` and measured compiled, as ``quantize.static``'s PT2E variants are.
+- ``fx``: torch.ao's ``prepare_qat_fx`` for models only FX can trace (x86 kernels, eager).
+- ``auto``: PT2E where torch.export captures the model and the quantizer annotates it, else FX.
+  (Unlike ``quantize.static``, auto does not train both to compare them: training twice costs
+  twice; its reason is recorded.)
+
+The training curve (loss, and fidelity to float on calibration batches not used for calibration
+or training, per epoch) is in ``info.curve`` and the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from ..errors import PassError, first_line
+from ..evaluate.graph import inspect_fx, inspect_pt2e
+from ..inputs import as_args, call, select_output
+from ..onnx_runtime import compare_outputs
+from ..options import TrainOptions
+from ..registry import register_pass
+from ..runtime import check_backend, quantized_engine
+from ..variant import PassContext, Variant
+from ._select import match_modules, require_float
+from .finetune import train_with
+from .static.fx import calibrate_loader
+from .static.pt2e import drop_unused_attributes, export_dynamic, failing_node, normalise
+
+log = logging.getLogger("torchtame")
+
+
+class QatOptions(TrainOptions):
+    mode: Literal["auto", "pt2e", "fx"] = Field(
+        "auto", description="auto: PT2E where torch.export captures the model, else FX; pt2e; fx."
+    )
+    epochs: int | None = Field(3, ge=1, le=1000, description="Passes over the train split.")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate (small: the model is trained already).")
+    loss: Literal["ce", "distill"] = Field(
+        "distill", description="distill (default): learn the float baseline's outputs, no labels; ce: labels."
+    )
+    calibration_batches: int = Field(
+        4, ge=1, description="Calibration batches that set the observers' ranges before training."
+    )
+    freeze_bn_after: int | None = Field(
+        None, ge=1, description="Freeze BatchNorm statistics after this many steps (default: 2/3 of them)."
+    )
+    freeze_observers_after: int | None = Field(
+        None, ge=1, description="Freeze the quantization ranges after this many steps (default: 2/3)."
+    )
+    curve_batches: int = Field(
+        2, ge=1, description="Calibration batches (after those used to calibrate) scored per epoch."
+    )
+    keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
+
+
+def _held_batches(ctx: PassContext, opts: QatOptions) -> list[Any]:
+    """Calibration batches neither calibration nor (where there is a train split) training used."""
+    batches = [x for x, *_ in ctx.data.calibration]
+    held = batches[opts.calibration_batches : opts.calibration_batches + opts.curve_batches]
+    return held or batches[-opts.curve_batches :]
+
+
+class Curve:
+    """Fidelity of the fake-quantized model to float on held batches, per epoch."""
+
+    def __init__(self, model: nn.Module, float_model: nn.Module, held: list[Any], output: Any) -> None:
+        self.model, self.held, self.output = model, held, output
+        with torch.no_grad():
+            self.ref = torch.cat([select_output(call(float_model.eval(), x), output).float() for x in held])
+        self.points: list[dict[str, Any]] = []
+        self.after_train: Any = lambda: None  # re-applies what .train() undoes (frozen BatchNorms)
+
+    def record(self, epoch: int, loss: float | None) -> None:
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            out = torch.cat([select_output(call(self.model, x), self.output).float() for x in self.held])
+        if was_training:
+            self.model.train()
+            self.after_train()
+        fid = compare_outputs(self.ref, out)
+        point = {"epoch": epoch, "loss": None if loss is None else round(loss, 5)}
+        point["cosine"] = round(fid["cosine_similarity"], 6)
+        if "top1_agreement" in fid:
+            point["agreement"] = round(100 * fid["top1_agreement"], 2)
+        self.points.append(point)
+
+
+def _prepare_pt2e(model: nn.Module, ctx: PassContext, keep: list[str]) -> torch.fx.GraphModule:
+    from torchao.quantization.pt2e import allow_exported_model_train_eval
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    gm = export_dynamic(model.train(), ctx.example_input).module()
+    changes = normalise(gm, model)
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=True))
+    for name in keep:
+        quantizer.set_module_name_qconfig(name, None)
+    try:
+        prepared = prepare_qat_pt2e(gm, quantizer)
+    except Exception as exc:
+        where, module = failing_node(exc)
+        raise PassError(
+            f"the X86 quantizer cannot annotate this graph for QAT{where}: {first_line(exc, 200)}",
+            hint=f"`keep_float: [{module}]` quantizes the rest" if module else "use `mode: fx`",
+        ) from exc
+    allow_exported_model_train_eval(prepared)  # .train()/.eval() switch BatchNorm and dropout
+    prepared.meta["torchtame_normalised"] = changes
+    return prepared
+
+
+def _prepare_fx(model: nn.Module, ctx: PassContext, keep: list[str], backend: str) -> nn.Module:
+    from torch.ao.quantization import get_default_qat_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    args, kwargs = as_args(ctx.example_input)
+    if kwargs:
+        raise PassError(
+            "FX QAT cannot take a model called with keyword inputs", hint="use `mode: pt2e` (torch.export)"
+        )
+    mapping = get_default_qat_qconfig_mapping(backend)
+    for name in keep:
+        mapping.set_module_name(name, None)
+    try:
+        return prepare_qat_fx(model.train(), mapping, args)
+    except Exception as exc:
+        raise PassError(
+            f"FX cannot trace the model for QAT: {first_line(exc, 200)}", hint="use `mode: pt2e`"
+        ) from exc
+
+
+def prepare(model: nn.Module, ctx: PassContext, opts: QatOptions, backend: str) -> tuple[nn.Module, str, str]:
+    """The fake-quantized model, its mode and why that mode (auto: PT2E, else FX)."""
+    keep = match_modules(model, opts.keep_float, "keep_float")
+    if opts.mode == "fx":
+        return _prepare_fx(model, ctx, keep, backend), "fx", "asked for"
+    if opts.mode == "pt2e":
+        return _prepare_pt2e(model, ctx, keep), "pt2e", "asked for"
+    try:
+        return _prepare_pt2e(model, ctx, keep), "pt2e", "torch.export captured the model"
+    except PassError as exc:
+        log.info("quantize.qat auto: PT2E not possible (%s); using FX", exc.message)
+        return (
+            _prepare_fx(model, ctx, keep, backend),
+            "fx",
+            f"PT2E not possible: {first_line(exc.message, 160)}",
+        )
+
+
+def _freezer(prepared: nn.Module, mode: str, opts: QatOptions, total: int) -> tuple[Any, dict[str, int]]:
+    """An ``on_step`` hook that freezes BatchNorm statistics and observer ranges when due."""
+    from torchao.quantization.pt2e import disable_observer
+
+    default = max(1, (2 * total) // 3)
+    bn_at = opts.freeze_bn_after or default
+    obs_at = opts.freeze_observers_after or default
+    done: dict[str, int] = {}
+
+    def on_step(step: int) -> None:
+        if step == obs_at:
+            prepared.apply(disable_observer)
+            if mode == "fx":
+                prepared.apply(torch.ao.quantization.disable_observer)
+            done["observers_frozen_at"] = step
+        if step == bn_at:
+            refreeze()
+            done["batchnorm_frozen_at"] = step
+
+    def refreeze() -> None:
+        if mode == "pt2e":
+            _freeze_pt2e_bn(prepared)  # .train() (after a curve point) turns it back on
+        else:
+            prepared.apply(torch.ao.nn.intrinsic.qat.freeze_bn_stats)
+
+    def after_eval() -> None:
+        if "batchnorm_frozen_at" in done:
+            refreeze()
+
+    on_step.after_eval = after_eval  # type: ignore[attr-defined]
+    return on_step, done
+
+
+def _freeze_pt2e_bn(gm: torch.fx.GraphModule) -> None:
+    """Stop BatchNorm statistics updating in an exported training graph (the batch_norm op's
+    ``training`` argument, the sixth, set to False: running statistics are used, not updated)."""
+    ops = {torch.ops.aten._native_batch_norm_legit.default, torch.ops.aten.batch_norm.default}
+    for node in gm.graph.nodes:
+        if node.target in ops:
+            args = list(node.args)
+            args[5] = False
+            node.args = tuple(args)
+    gm.recompile()
+
+
+def _steps(ctx: PassContext, opts: QatOptions) -> int:
+    if opts.steps is not None:
+        return opts.steps
+    loader = ctx.data.train if ctx.data.train is not None else ctx.data.calibration
+    return (opts.epochs or 1) * len(loader)
+
+
+NAME = "quantize.qat"
+
+
+@register_pass(
+    NAME,
+    QatOptions,
+    traits={"quantizes", "trains"},
+    hints={
+        "fidelity": "train longer (`epochs`), with a lower `lr`, or keep the most sensitive layers float "
+        "(`keep_float`)",
+        "slower": "QAT's int8 graph runs like quantize.static's: see its hints (PT2E is compiled)",
+    },
+)
+def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) -> Variant:
+    """Quantization-aware training (distillation from the baseline by default), then int8."""
+    assert model is not None
+    require_float(ctx, NAME, "start QAT `from:` a float variant (baseline, pruned, fine-tuned)", float32=True)
+    if opts.loss == "distill" and ctx.baseline.module is None:
+        raise PassError("`loss: distill` learns from the baseline, which has no torch module here")
+    backend = check_backend(None)
+    float_model = model.float().eval()
+    student = copy.deepcopy(float_model)
+    for m in student.modules():  # QAT here recovers fidelity to float: dropout noise only hides it
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+    prepared, mode, why = prepare(student, ctx, opts, backend)
+    with quantized_engine(backend if mode == "fx" else None):
+        prepared.eval()
+        used = calibrate_loader(
+            prepared, ctx.data.calibration, opts.calibration_batches, ctx.progress, "calibrate (qat)"
+        )
+        curve = Curve(
+            prepared,
+            ctx.baseline.module if ctx.baseline.module is not None else float_model,
+            _held_batches(ctx, opts),
+            ctx.output,
+        )
+        curve.record(0, None)
+        total = _steps(ctx, opts)
+        on_step, frozen = _freezer(prepared, mode, opts, total)
+        curve.after_train = on_step.after_eval
+        stats = train_with(
+            prepared,
+            ctx,
+            opts,
+            f"quantization-aware training ({mode})",
+            ctx.seed,
+            on_step=on_step,
+            on_epoch=curve.record,
+        )
+        prepared.eval()
+        q = _convert(prepared, mode)
+    graph = inspect_pt2e(q) if mode == "pt2e" else inspect_fx(q)  # type: ignore[arg-type]
+    first, last = curve.points[0], curve.points[-1]
+    log.info(
+        "quantize.qat (%s): cosine to float %.5f before training, %.5f after %d steps",
+        mode,
+        first["cosine"],
+        last["cosine"],
+        stats["steps"],
+    )
+    info: dict[str, Any] = {
+        "mode": mode,
+        "mode_reason": why,
+        "backend": "x86 inductor" if mode == "pt2e" else backend,
+        "calibration_batches": used,
+        "training": {k: v for k, v in stats.items() if k != "epoch_losses"},
+        **frozen,
+        "curve": curve.points,
+        "kept_float": opts.keep_float,
+        "graph": graph,
+    }
+    if opts.loss == "distill":
+        info["teacher"] = ctx.baseline.name
+    if mode == "pt2e":
+        info["normalised"] = prepared.meta.get("torchtame_normalised")
+        info["cpu_only"] = "x86 Inductor int8 kernels; no PT2E static int8 quantizer targets CUDA"
+    return ctx.variant(
+        q,
+        quantized=True,
+        devices="cpu_only",
+        backend=backend if mode == "fx" else None,
+        dtype="int8",
+        compiled=mode == "pt2e",
+        info=info,
+    )
+
+
+def _convert(prepared: nn.Module, mode: str) -> nn.Module:
+    if mode == "pt2e":
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        converted = convert_pt2e(prepared)  # type: ignore[arg-type]
+        drop_unused_attributes(converted)
+        return converted
+    from torch.ao.quantization.quantize_fx import convert_fx
+
+    return convert_fx(prepared)  # type: ignore[arg-type]
