@@ -24,6 +24,7 @@ SECTIONS = {
     "peers": "peers",
     "unlabeled": "unlabeled",
     "ray_cluster": "ray_cluster",
+    "compression": "compression",
 }
 
 
