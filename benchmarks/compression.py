@@ -134,7 +134,9 @@ def vit_heads(steps: int, quick: bool) -> dict[str, Any]:
     data = _synthetic([3, 64, 64], 32 if quick else 256, 16)
     held = torch.cat([x for x, _ in data.evaluation])
     out = {}
-    models = ("timm vit_tiny_patch16_224",) if quick else ("timm vit_tiny_patch16_224", "torchvision vit_b_16")
+    models = (
+        ("timm vit_tiny_patch16_224",) if quick else ("timm vit_tiny_patch16_224", "torchvision vit_b_16")
+    )
     for which in models:
         model = _vit(which)
         pruned = apply_pass("prune.structured", model, data, {"ratio": 0.25}, task="classification")

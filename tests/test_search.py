@@ -88,6 +88,16 @@ def test_fallback_keeps_the_planted_layer_in_float(tmp_path: Path) -> None:
     assert md.count("ok, chosen |") == 1
 
 
+def test_qat_is_tried_when_post_training_int8_misses(tmp_path: Path) -> None:
+    recipe = _search_recipe(tmp_path, max_float_layers=0, qat_options={"mode": "fx", "epochs": 1})
+    result = run(recipe)
+    assert result.variant("search-int8")["accuracy"]["top1_drop"] > 1.0
+    qat = result.variant("search-int8-qat")
+    assert qat["status"] == "ok" and qat["pass"] == "quantize.qat" and qat["info"]["curve"]
+    selected = next(c for c in result.results["selection"]["candidates"] if c["name"] == "search-int8-qat")
+    assert result.results["search"]["qat"]["baseline"]["meets"] == selected["meets"]
+
+
 def test_search_with_pruning_grid_and_combination(tmp_path: Path) -> None:
     r = tiny_recipe(
         tmp_path,

@@ -31,6 +31,7 @@ from .passes.export import OnnxOptions
 from .passes.finetune import FinetuneOptions
 from .passes.onnx_quant import OnnxQuantOptions
 from .passes.prune import PruneOptions
+from .passes.qat import QatOptions
 from .passes.static.fx import StaticOptions
 from .recipe_errors import format_errors
 from .registry import DATA_SOURCES, ENGINES, MODEL_SOURCES, PASSES
@@ -217,6 +218,12 @@ class SearchConfig(Strict):
         default_factory=OnnxQuantOptions, description="quantize.onnx options of the ONNX candidates."
     )
     combine: bool = Field(True, description="Also quantize the best pruning candidate.")
+    qat: bool = Field(
+        True,
+        description="When no post-training int8 candidate meets the constraints (even with "
+        "`max_float_layers` kept float), try quantization-aware training (quantize.qat).",
+    )
+    qat_options: QatOptions = Field(default_factory=QatOptions, description="quantize.qat options.")
 
 
 class ExecutionConfig(Strict):

@@ -15,6 +15,7 @@ from ..passes.finetune import NAME as FINETUNE
 from ..passes.onnx_quant import NAME as ONNX_QUANTIZE
 from ..passes.prune import NAME as PRUNE
 from ..passes.prune import PruneOptions
+from ..passes.qat import NAME as QAT
 from ..passes.static import NAME as STATIC
 from ..results import accuracy_of, info_of
 from .sensitivity import execution_order
@@ -65,7 +66,15 @@ class TorchInt8:
                 name,
                 "; ".join(reasons),
             )
+        if s.cfg.qat:
+            self.qat(s, parent, prefix)
         return keep
+
+    def qat(self, s: Search, parent: str, prefix: str) -> None:
+        """Post-training int8 missed even with sensitive layers float: quantization-aware training."""
+        log.info("post-training int8 misses the constraints; trying quantization-aware training")
+        _, reasons = s.step(f"{prefix}-qat", QAT, parent, s.cfg.qat_options)
+        s.info.setdefault("qat", {})[parent] = {"meets": not reasons, "reasons": reasons}
 
 
 class OnnxInt8:
