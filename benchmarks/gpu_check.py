@@ -12,11 +12,15 @@ alone, fp16 marked "cuda only" and never timed. Prints one line per check and ex
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,6 +82,45 @@ def check_run(res: dict[str, Any]) -> list[str]:
     return failures
 
 
+def sparse_2_4() -> bool:
+    """2:4 Linear weights on sparse tensor cores (compute capability 8.0+): outputs and a timing
+    against the same weights dense, printed for the record."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
+        print("skip  2:4 sparse tensor cores: no CUDA GPU of compute capability 8.0+")
+        return True
+    from torchtame.passes.sparse import nm_mask, semi_structured
+
+    torch.manual_seed(0)
+    dense = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096))
+    with torch.no_grad():
+        for m in dense:
+            if isinstance(m, torch.nn.Linear):
+                m.weight.mul_(nm_mask(m.weight, 2, 4))
+    dense = dense.half().cuda().eval()
+    fast = copy.deepcopy(dense)
+    converted = semi_structured(fast)
+    x = torch.randn(2048, 4096, device="cuda", dtype=torch.half)
+    with torch.inference_mode():
+        err = (fast(x) - dense(x)).abs().max().item()
+        times = {}
+        for name, m in (("dense", dense), ("2:4", fast)):
+            for _ in range(5):
+                m(x)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(50):
+                m(x)
+            torch.cuda.synchronize()
+            times[name] = (time.perf_counter() - start) / 50 * 1000
+    ok = len(converted) == 2 and err < 0.1
+    print(
+        f"{'ok  ' if ok else 'FAIL'}  2:4 sparse tensor cores: {len(converted)} layers converted, "
+        f"max abs error {err:.3g}; {times['dense']:.3f} ms dense, {times['2:4']:.3f} ms 2:4 "
+        f"({times['dense'] / times['2:4']:.2f}x)"
+    )
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", type=Path, help="a quickstart run's results.json")
@@ -86,7 +129,9 @@ def main() -> None:
     if args.results is None and not args.quick:
         ap.error("give a results.json, or --quick")
     res = tiny_run() if args.quick else json.loads(args.results.read_text())
-    sys.exit(1 if check_run(res) else 0)
+    failed = check_run(res)
+    sparse_ok = sparse_2_4()
+    sys.exit(1 if failed or not sparse_ok else 0)
 
 
 if __name__ == "__main__":

@@ -112,3 +112,24 @@ def test_sparse_recipe_sizes_both_ways_and_says_kernels_are_dense(tmp_path: Path
     assert small["sparse_format_bytes"] * 5.5 <= base  # ...and in a plain bitmask format
     report = (Path(result.run_dir) / "report.md").read_text()
     assert "## Sparsity" in report and "features.3" in report
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+    reason="2:4 sparse tensor cores need a CUDA GPU of compute capability 8.0+",
+)
+def test_semi_structured_2_4_runs_on_sparse_tensor_cores() -> None:
+    from torchtame.data import SyntheticData, load_data
+    from torchtame.passes.sparse import semi_structured
+
+    data = load_data(SyntheticData(source="synthetic", shape=[256], num_samples=64, batch_size=32), 0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).eval()
+    sparse = apply_pass("prune.sparse", model, data, {"pattern": "2:4", "ignored_layers": []}).module
+    dense = sparse.half().cuda()
+    fast = copy.deepcopy(dense)
+    assert semi_structured(fast) == ["0", "2"]
+    x = torch.randn(128, 256, device="cuda", dtype=torch.half)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), dense(x), atol=2e-2, rtol=2e-2)
