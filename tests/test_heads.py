@@ -59,6 +59,10 @@ def test_timm_fused_qkv_heads_are_pruned_and_the_model_exports(tmp_path) -> None
     assert v.info["macs_fraction"] < 0.8
     onnx = apply_pass("export.onnx", v.module, data, work_dir=tmp_path)
     assert onnx.info["parity"]["max_abs_error"] < 1e-3
+    # heads only: `ratio: 0` with a `head_ratio` leaves every other layer whole
+    heads = apply_pass("prune.structured", vit, data, {"ratio": 0.0, "head_ratio": 0.25})
+    assert heads.info["attention_heads"]["blocks.1.attn"] == [6, 4]
+    assert heads.module.blocks[0].mlp.fc1.out_features == vit.blocks[0].mlp.fc1.out_features
 
 
 def test_torchvision_vit_heads_are_pruned_and_distillation_recovers(tmp_path) -> None:

@@ -85,7 +85,11 @@ class PruneOptions(Strict):
         "width (embeddings, residual stream) is always kept.",
     )
     head_ratio: float | None = Field(
-        None, ge=0, lt=1, description="Fraction of heads to remove per attention layer (default: `ratio`)."
+        None,
+        ge=0,
+        lt=1,
+        description="Fraction of heads to remove per attention layer (default: `ratio`); with `ratio: 0` "
+        "only heads are removed.",
     )
     max_layer_ratio: float = Field(0.9, gt=0, le=1, description="Never remove more per layer.")
 
@@ -378,6 +382,21 @@ def _pruner(model: nn.Module, example: Any, opts: PruneOptions, plan: Plan) -> t
         steps, ratio = max(opts.iterative_steps, 20), opts.max_layer_ratio
     else:
         steps, ratio = opts.iterative_steps, opts.ratio or 0.0
+    ignored = plan.ignored
+    heads_only = (
+        ratio == 0 and not plan.ratio_dict and bool(opts.head_ratio) and bool(plan.attention.prunable)
+    )
+    if heads_only:  # torch-pruning prunes nothing at ratio 0: every other layer is held instead
+        attention = set(plan.attention.num_heads)
+        ignored = [
+            *ignored,
+            *(
+                m
+                for m in model.modules()
+                if isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d) and m not in attention
+            ),
+        ]
+        ratio = opts.head_ratio or 0.0
     try:
         pruner = tp.pruner.MetaPruner(
             model,
@@ -388,7 +407,7 @@ def _pruner(model: nn.Module, example: Any, opts: PruneOptions, plan: Plan) -> t
             pruning_ratio_dict=plan.ratio_dict or None,
             max_pruning_ratio=opts.max_layer_ratio,
             iterative_steps=steps,
-            ignored_layers=plan.ignored,
+            ignored_layers=ignored,
             round_to=opts.round_to,
             output_transform=_all_outputs_sum,
             **_head_options(plan.attention, opts, ratio),
