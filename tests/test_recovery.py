@@ -168,7 +168,9 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     rec = v.info["recovery"]
     tried = {tuple(t["algorithms"]) for t in rec["trials"]}
     expected = {(), ("bias_correction",), ("equalization",), ("equalization", "bias_correction")}
-    assert tried == expected | {("equalization", "adaround")}
+    ranges = {("range_search",), ("range_search", "bias_correction"), ("range_search", "equalization")}
+    rounding = {("equalization", "adaround"), ("range_search", "equalization", "adaround")}
+    assert tried == expected | ranges | rounding
     none = next(t for t in rec["trials"] if t["algorithms"] == [])
     assert rec["cosine"] == max(t["cosine"] for t in rec["trials"]) >= none["cosine"]
     assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
@@ -186,3 +188,77 @@ def test_listed_recovery_reports_what_does_not_apply(trained_cnn, digits, tmp_pa
     twin = apply_pass("export.onnx", trained_cnn, digits, work_dir=tmp_path / "twin")
     with pytest.raises(PassError, match="recovery works on the float torch model"):
         apply_pass("quantize.onnx", twin, digits, {"recovery": "auto"}, work_dir=tmp_path / "q")
+
+
+def test_range_search_picks_the_smallest_int8_error() -> None:
+    from torch.ao.quantization.observer import HistogramObserver, MinMaxObserver
+
+    from torchtame.passes.ranges import observer_class
+
+    torch.manual_seed(0)
+    light = torch.relu(torch.randn(50000))
+    heavy = torch.relu(torch.randn(50000)) ** 2  # a long tail, where the greedy L2 search clips too much
+    for name, x in (("light", light), ("heavy", heavy)):
+        errors = {}
+        for cls in (MinMaxObserver, HistogramObserver, observer_class(HistogramObserver)):
+            obs = cls()
+            obs(x)
+            scale, zero = obs.calculate_qparams()
+            q = torch.fake_quantize_per_tensor_affine(x, float(scale), int(zero), 0, 255)
+            errors[cls.__name__] = float(((q - x) ** 2).mean())
+        searched = errors.pop("RangeSearchHistogramObserver")
+        assert obs.range_choice["min"] == 0.0
+        assert searched <= 1.01 * min(errors.values()), (name, searched, errors)  # never worse
+        if name == "heavy":
+            assert searched < 0.9 * errors["HistogramObserver"], (searched, errors)
+
+
+def _activation_scales(path) -> dict[str, float]:
+    import onnx
+    from onnx import numpy_helper
+
+    g = onnx.load(str(path)).graph
+    init = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    return {
+        n.input[0]: float(init[n.input[1]])
+        for n in g.node
+        if n.op_type == "QuantizeLinear" and n.input[0] not in init and init[n.input[1]].size == 1
+    }
+
+
+def test_range_search_in_every_back_end(trained_cnn, digits, tmp_path) -> None:
+    for mode in ("fx", "pt2e"):
+        v = apply_pass("quantize.static", trained_cnn, digits, {"mode": mode, "recovery": ["range_search"]})
+        [rec] = v.info["recovery"]["applied"]
+        assert rec["tensors"] >= 5 and rec["narrowed"] >= 1, (mode, rec)  # every conv/linear input
+        assert v.info["recovery"]["cosine"] > 0.999
+    plain = apply_pass("quantize.onnx", trained_cnn, digits, work_dir=tmp_path / "mm")
+    searched = apply_pass(
+        "quantize.onnx", trained_cnn, digits, {"calibration_method": "RangeSearch"}, work_dir=tmp_path / "rs"
+    )
+    assert searched.info["ranges"]["narrowed"] >= 1
+    before, after = _activation_scales(plain.onnx_path), _activation_scales(searched.onnx_path)
+    assert before.keys() == after.keys()
+    narrowed = [k for k in before if after[k] < 0.99 * before[k]]  # the overrides reached the model
+    assert len(narrowed) >= searched.info["ranges"]["narrowed"] // 2, (before, after)
+
+
+def test_weighted_ops_only_keeps_transformer_softmax_inputs_float(tmp_path) -> None:
+    import onnx
+    import timm
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2).eval()
+    data = _images(32, 32)
+    v = apply_pass("quantize.onnx", vit, data, {"recovery": ["weighted_ops_only"]}, work_dir=tmp_path)
+    rec = v.info["recovery"]
+    assert v.info["op_types_quantized"] == ["Conv", "ConvTranspose", "MatMul", "Gemm"]
+    g = onnx.load(str(v.onnx_path)).graph
+    made = {o: n.op_type for n in g.node for o in n.output}
+    for n in g.node:
+        if n.op_type in ("Softmax", "LayerNormalization"):
+            assert made.get(n.input[0]) != "DequantizeLinear", n.name
+    assert rec["cosine"] > rec["cosine_without"]  # plain min/max on every op collapses more
+    static = apply_pass("quantize.static", vit, data, {"mode": "pt2e", "recovery": ["weighted_ops_only"]})
+    [note] = static.info["recovery"]["applied"]
+    assert note["applied"] is False and "does not apply" in note["note"]

@@ -211,8 +211,10 @@ class SearchConfig(Strict):
         description="onnxruntime candidates: static int8 with each calibration method, then with the most "
         "sensitive nodes excluded.",
     )
-    onnx_methods: list[Literal["MinMax", "Percentile", "Entropy"]] = Field(
-        default_factory=lambda: ["MinMax", "Percentile", "Entropy"]
+    onnx_methods: list[Literal["MinMax", "Percentile", "Entropy", "RangeSearch"]] = Field(
+        default_factory=lambda: ["MinMax", "Percentile", "Entropy", "RangeSearch"],
+        description="Calibrations tried in order (the first that meets stops the rest); RangeSearch "
+        "chooses each tensor's range by its int8 error.",
     )
     onnx_options: OnnxQuantOptions = Field(
         default_factory=OnnxQuantOptions, description="quantize.onnx options of the ONNX candidates."

@@ -20,7 +20,7 @@ from ..inputs import batch_size, call, concat, repeat_batch, select_output, take
 from ..onnx_runtime import compare_outputs, feed, run_session, session
 from ..registry import register_pass
 from ..variant import PassContext, Variant
-from . import recovery
+from . import ranges, recovery
 from ._select import require_float
 from .export import OnnxOptions, export_onnx
 from .recovery import RecoveryOptions
@@ -32,7 +32,12 @@ class OnnxQuantOptions(RecoveryOptions):
     mode: Literal["static", "dynamic"] = "static"
     format: Literal["QDQ", "QOperator"] = "QDQ"
     per_channel: bool = True
-    calibration_method: Literal["MinMax", "Entropy", "Percentile"] = "MinMax"
+    calibration_method: Literal["MinMax", "Entropy", "Percentile", "RangeSearch"] = Field(
+        "MinMax",
+        description="onnxruntime's calibration for every tensor, or RangeSearch: per tensor, the range "
+        "with the smallest int8 error among min/max, percentiles and clipping points (what `recovery: "
+        "[range_search]` sets).",
+    )
     calibration_batches: int | None = Field(None, ge=1)
     weight_type: Literal["int8", "uint8"] = "int8"
     activation_type: Literal["int8", "uint8"] = "uint8"
@@ -44,12 +49,20 @@ class OnnxQuantOptions(RecoveryOptions):
     op_types_to_quantize: list[str] | None = Field(
         None, description="Only these op types (e.g. [Conv, MatMul]); default: every supported one."
     )
+    quantize_outputs: bool = Field(
+        True,
+        description="false: the outputs of quantized ops stay float unless a quantized op reads them "
+        "(onnxruntime's OpTypesToExcludeOutputQuantization; what `weighted_ops_only` sets).",
+    )
     export: OnnxOptions = Field(
         default_factory=OnnxOptions, description="Used when the source is a torch variant."
     )
 
     def per_channel_weights(self) -> bool:
         return self.per_channel and self.weight_type == "int8" and not self.reduce_range
+
+    def quantizes_onnx(self) -> bool:
+        return True
 
 
 class _Reader:
@@ -131,6 +144,7 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         ctx, "quantize.onnx", "start from a float32 variant or its ONNX twin", float32=True, allow_onnx=True
     )
     recovered = None
+    chosen: list[str] = []
     if parent.kind == "onnx":
         assert parent.onnx_path is not None
         if opts.recovery != "none":
@@ -138,12 +152,14 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
                 f"recovery works on the float torch model, and {parent.name!r} is an ONNX file",
                 hint=f"start this step `from: {parent.parent}` (its torch parent); it exports it itself",
             )
-        out, repeated = _quantize(parent.onnx_path, ctx, opts, "model.onnx")
+        out, repeated, searched = _quantize(parent.onnx_path, ctx, opts, "model.onnx")
     else:
         assert model is not None
         if opts.recovery != "none":
             model, recovered = _recover(model, ctx, opts)
-        out, repeated = _quantize(_export(model, ctx, opts, "float.onnx"), ctx, opts, "model.onnx")
+            chosen = recovered["chosen"]
+        source = _export(model, ctx, opts, "float.onnx")
+        out, repeated, searched = _quantize(source, ctx, with_ranges(opts, chosen), "model.onnx")
     for tmp in ctx.work_dir.glob("*.onnx"):
         if tmp != out:
             tmp.unlink()
@@ -154,12 +170,17 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         "format": opts.format,
         "per_channel": opts.per_channel,
         "calibration_method": opts.calibration_method if opts.mode == "static" else None,
+        "op_types_quantized": with_ranges(opts, chosen).op_types_to_quantize or "all",
+        **({"ranges": searched} if searched else {}),
         "calibration_samples_repeated": repeated if opts.mode == "static" else None,
         "nodes_excluded": opts.nodes_to_exclude,
         "graph": inspect_onnx(out),
     }
     if recovered is not None:
         recovery.verify_rounding(recovered, onnx_int8_weights(out))
+        for rec in recovered["applied"]:
+            if rec["algorithm"] == "range_search" and searched:
+                rec.update(searched)
         info["recovery"] = recovered
     return ctx.variant(None, onnx_path=out, dtype=f"onnx-{opts.mode}-int8", quantized=True, info=info)
 
@@ -183,9 +204,61 @@ def _export(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions, name: st
     return path
 
 
-def _quantize(source: Path, ctx: PassContext, opts: OnnxQuantOptions, name: str) -> tuple[Path, int]:
+WEIGHTED_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
+
+
+def with_ranges(opts: OnnxQuantOptions, algorithms: list[str]) -> OnnxQuantOptions:
+    """The options a recovery combination quantizes with (``range_search``: per-tensor ranges;
+    ``weighted_ops_only``: convolutions and matrix products only)."""
+    update: dict[str, Any] = {}
+    if "range_search" in algorithms:
+        update["calibration_method"] = "RangeSearch"
+    if "weighted_ops_only" in algorithms:
+        update["op_types_to_quantize"] = [
+            t for t in opts.op_types_to_quantize or WEIGHTED_OPS if t in WEIGHTED_OPS
+        ]
+        update["quantize_outputs"] = False
+    return opts.model_copy(update=update) if update else opts
+
+
+def search_ranges(
+    source: Path, reader: _Reader, opts: OnnxQuantOptions
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per-tensor ranges (:mod:`.ranges`) from onnxruntime's value histograms of every tensor it
+    calibrates: ``TensorQuantOverrides`` (rmin/rmax per tensor) and what was chosen."""
+    import numpy as np
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    scratch = source.parent / f"{source.stem}-ranges"
+    scratch.mkdir(exist_ok=True)
+    try:
+        cal = create_calibrator(
+            source,
+            opts.op_types_to_quantize or None,
+            augmented_model_path=str(scratch / "augmented.onnx"),
+            calibrate_method=CalibrationMethod.Entropy,  # its collector keeps signed value histograms
+            extra_options={"num_bins": 2048},
+        )
+        cal.collect_data(reader)
+        histograms = cal.collector.histogram_dict
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    overrides, choices = {}, []
+    for tensor, (hist, edges, lo, hi, *_) in histograms.items():
+        c = ranges.search_range(torch.from_numpy(hist), torch.from_numpy(edges), 256, float(lo), float(hi))
+        choices.append(c)
+        overrides[tensor] = [
+            {"rmin": np.array(c["min"], dtype=np.float32), "rmax": np.array(c["max"], dtype=np.float32)}
+        ]
+    return overrides, ranges.summarise(choices)
+
+
+def _quantize(
+    source: Path, ctx: PassContext, opts: OnnxQuantOptions, name: str
+) -> tuple[Path, int, dict[str, Any] | None]:
     """onnxruntime's static or dynamic quantization of ``source`` into ``work_dir/name``; also how
-    many calibration samples were counted twice (a ragged last batch topped up)."""
+    many calibration samples were counted twice (a ragged last batch topped up) and, with
+    ``RangeSearch``, what the range search chose."""
     from onnxruntime import quantization as oq
 
     reader_session = session(source, "cpu")
@@ -194,6 +267,20 @@ def _quantize(source: Path, ctx: PassContext, opts: OnnxQuantOptions, name: str)
     out = ctx.work_dir / name
     qtype = {"int8": oq.QuantType.QInt8, "uint8": oq.QuantType.QUInt8}
     reader = _Reader(ctx.data.calibration, reader_session, opts.calibration_batches)
+    method, searched = opts.calibration_method, None
+    extra: dict[str, Any] = {}
+    if not opts.quantize_outputs:
+        extra["OpTypesToExcludeOutputQuantization"] = list(opts.op_types_to_quantize or WEIGHTED_OPS)
+    if opts.mode == "static" and method == "RangeSearch":
+        with (
+            caught("onnxruntime.quantization"),
+            quiet_root_logger(),
+            open(os.devnull, "w") as devnull,
+            contextlib.redirect_stdout(devnull),
+        ):
+            overrides, searched = search_ranges(source, reader, opts)
+        reader = _Reader(ctx.data.calibration, reader_session, opts.calibration_batches)
+        method, extra["TensorQuantOverrides"] = "MinMax", overrides
     with (
         caught("onnxruntime.quantization"),
         quiet_root_logger(),
@@ -220,11 +307,12 @@ def _quantize(source: Path, ctx: PassContext, opts: OnnxQuantOptions, name: str)
                 reduce_range=opts.reduce_range,
                 weight_type=qtype[opts.weight_type],
                 activation_type=qtype[opts.activation_type],
-                calibrate_method=getattr(oq.CalibrationMethod, opts.calibration_method),
+                calibrate_method=getattr(oq.CalibrationMethod, method),
                 nodes_to_exclude=opts.nodes_to_exclude,
                 op_types_to_quantize=opts.op_types_to_quantize,
+                extra_options=extra,
             )
-    return out, reader.topped_up
+    return out, reader.topped_up, searched
 
 
 def _recover(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions) -> tuple[nn.Module, dict[str, Any]]:
@@ -236,10 +324,10 @@ def _recover(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions) -> tupl
         ref = torch.cat([select_output(call(model, x), ctx.output).float() for x in held])
     trial = [0]
 
-    def score(candidate: nn.Module) -> float:
+    def score(candidate: nn.Module, algorithms: list[str]) -> float:
         trial[0] += 1
         source = _export(candidate, ctx, opts, f"trial{trial[0]}.onnx")
-        q, _ = _quantize(source, ctx, opts, f"q{trial[0]}.onnx")
+        q, _, _ = _quantize(source, ctx, with_ranges(opts, algorithms), f"q{trial[0]}.onnx")
         sess = session(q, "cpu")
         out = torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held])
         return compare_outputs(ref, out)["cosine_similarity"]

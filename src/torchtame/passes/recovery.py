@@ -16,6 +16,14 @@ FX, PT2E and onnxruntime all keep the gain (``recovery:`` of ``quantize.static``
 - ``adaround`` (Nagel et al. 2020, :mod:`.adaround`): each layer's rounding up or down is learned
   on calibration data and written back as float weights on the back ends' int8 grid, so their
   round-to-nearest reproduces it (checked on the converted model).
+- ``range_search`` (:mod:`.ranges`): per activation tensor, the clipping range with the smallest
+  int8 error on calibration data among min/max, percentiles and a grid of clipping points. It does
+  not change the float model: the pass calibrates with it (torch observers, onnxruntime per-tensor
+  overrides), and its record says what each tensor got.
+- ``weighted_ops_only``: only convolutions and matrix products are quantized; the inputs of
+  Softmax, LayerNorm, GELU, Add and the like stay float (onnxruntime quantizes them by default,
+  and plain ranges on them are what collapses Transformers). torch's X86 quantizer quantizes
+  conv/linear (and what fuses into them) only already, so there it changes nothing and says so.
 - ``smoothquant`` (Xiao et al. 2022): for Linears fed by a LayerNorm (Transformers), activation
   outliers move into the weights: input channel j is divided by
   s_j = max|X_j|^alpha / max|W_:,j|^(1 - alpha) (folded into the LayerNorm) and the Linears'
@@ -47,8 +55,19 @@ from .adaround import adaround, check_integers
 
 log = logging.getLogger("torchtame")
 
-Algorithm = Literal["equalization", "bias_correction", "smoothquant", "adaround"]
-ALGORITHMS: tuple[str, ...] = ("equalization", "bias_correction", "smoothquant", "adaround")
+Algorithm = Literal[
+    "range_search", "weighted_ops_only", "equalization", "bias_correction", "smoothquant", "adaround"
+]
+ALGORITHMS: tuple[str, ...] = (
+    "range_search",
+    "weighted_ops_only",
+    "equalization",
+    "bias_correction",
+    "smoothquant",
+    "adaround",
+)
+# what the back end applies at calibration or quantization, not a change of the float model
+AT_QUANTIZATION = {"range_search": "calibration", "weighted_ops_only": "quantization"}
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Linear)
 SCALE_EQUIVARIANT = (nn.ReLU, nn.Identity)  # f(x / s) = f(x) / s for s > 0
 NOT_EQUIVARIANT = (
@@ -512,6 +531,9 @@ def apply(
     (and logs it)."""
     done = []
     order = [a for a in ("smoothquant", "equalization", "adaround", "bias_correction") if a in algorithms]
+    for name, at in AT_QUANTIZATION.items():  # the pass applies these itself
+        if name in algorithms:
+            done.append({"algorithm": name, "applied": True, "at": at})
     for name in order:
         if name == "smoothquant":
             rec = smooth_quant(model, batches, example, alpha)
@@ -543,8 +565,9 @@ class RecoveryOptions(Strict):
     recovery: list[Algorithm] | Literal["auto", "none"] = Field(
         "none",
         description="Accuracy recovery applied to the float model before quantizing: a list of "
-        "equalization, bias_correction, smoothquant; `auto` tries those that apply and keeps the one "
-        "with the best fidelity on calibration batches (never worse than none); `none`.",
+        "range_search, equalization, bias_correction, smoothquant, adaround; `auto` tries those that "
+        "apply and keeps the one with the best fidelity on calibration batches (never worse than "
+        "none); `none`.",
     )
     smoothquant_alpha: float = Field(0.5, ge=0, le=1, description="SmoothQuant's migration strength.")
     recovery_batches: int = Field(
@@ -558,6 +581,10 @@ class RecoveryOptions(Strict):
         """Whether the pass rounds weights per output channel (AdaRound's grid); passes override."""
         return True
 
+    def quantizes_onnx(self) -> bool:
+        """Whether onnxruntime quantizes (``weighted_ops_only`` changes something there only)."""
+        return False
+
     @model_validator(mode="after")
     def _adaround_grid(self) -> RecoveryOptions:
         if isinstance(self.recovery, list) and "adaround" in self.recovery and not self.per_channel_weights():
@@ -568,19 +595,32 @@ class RecoveryOptions(Strict):
         return self
 
 
-def candidates(model: nn.Module, example: Any, per_channel: bool = True) -> list[list[str]]:
+def candidates(
+    model: nn.Module, example: Any, per_channel: bool = True, onnx: bool = False
+) -> list[list[str]]:
     """The combinations ``recovery: auto`` tries on this model (each applicable one alone, then
-    with bias correction after it); none first, so nothing worse than none is ever kept."""
-    out: list[list[str]] = [[], ["bias_correction"]]
+    with bias correction after it, range search with the weight changes); none first, so nothing
+    worse than none is ever kept."""
+    out: list[list[str]] = [[], ["range_search"], ["bias_correction"], ["range_search", "bias_correction"]]
     mods = dict(model.named_modules())
     fed = _consumers(_trace_modules(model, example), mods)  # one trace serves both questions
     pairs, _ = find_pairs(model, example, fed)
     if pairs:
-        out += [["equalization"], ["equalization", "bias_correction"]]
-    if any(isinstance(m, nn.LayerNorm) and fed.get(n) for n, m in mods.items()):
-        out += [["smoothquant"], ["smoothquant", "bias_correction"]]
-    if per_channel and any(isinstance(m, (nn.Conv1d, nn.Conv2d)) for m in mods.values()):  # convs gain most
-        out += [["equalization", "adaround"] if pairs else ["adaround"]]
+        out += [["equalization"], ["equalization", "bias_correction"], ["range_search", "equalization"]]
+    norms = any(isinstance(m, nn.LayerNorm) and fed.get(n) for n, m in mods.items())
+    if norms:
+        out += [["smoothquant"], ["smoothquant", "bias_correction"], ["range_search", "smoothquant"]]
+    if onnx and norms:  # Transformers: onnxruntime's quantized Softmax/LayerNorm/GELU inputs
+        out += [
+            ["weighted_ops_only"],
+            ["range_search", "weighted_ops_only"],
+            ["weighted_ops_only", "smoothquant"],
+        ]
+    weighted = [m for m in mods.values() if isinstance(m, WEIGHTED)]
+    convs = [m for m in weighted if isinstance(m, (nn.Conv1d, nn.Conv2d))]
+    if per_channel and 2 * len(convs) > len(weighted):  # rounding gains most on convolutional models
+        rounding = ["equalization", "adaround"] if pairs else ["adaround"]
+        out += [rounding, ["range_search", *rounding]]
     return out
 
 
@@ -593,7 +633,7 @@ def choose(
     example: Any,
     loader: Any,
     opts: RecoveryOptions,
-    score: Callable[[nn.Module], float],
+    score: Callable[[nn.Module, list[str]], float],
     skip: set[str] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """``recovery: auto``: build and score every candidate (``score``: fidelity of the quantized
@@ -601,12 +641,12 @@ def choose(
     the best is kept, every trial recorded."""
     batches = calibration_batches(loader, opts.recovery_batches)
     trials, best = [], None
-    for combo in candidates(model, example, opts.per_channel_weights()):
+    for combo in candidates(model, example, opts.per_channel_weights(), opts.quantizes_onnx()):
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         records = apply(m, combo, example, batches, opts.smoothquant_alpha, skip, opts.adaround_iterations)
         try:
-            value = score(m)
+            value = score(m, combo)
         except Exception as exc:  # one candidate failing to build must not stop the others
             trials.append({"algorithms": combo, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
             continue
@@ -627,7 +667,7 @@ def recover(
     example: Any,
     loader: Any,
     opts: RecoveryOptions,
-    score: Callable[[nn.Module], float] | None = None,
+    score: Callable[[nn.Module, list[str]], float] | None = None,
     skip: set[str] | None = None,
 ) -> tuple[nn.Module, dict[str, Any] | None]:
     """The float model the quantizer should start from, and ``info.recovery`` (None: none asked)."""
@@ -645,8 +685,8 @@ def recover(
     info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
     info["seconds"] = round(time.perf_counter() - t0, 2)
     if score is not None:
-        info["cosine"] = round(score(m), 6)
-        info["cosine_without"] = round(score(model), 6)
+        info["cosine"] = round(score(m, list(opts.recovery)), 6)
+        info["cosine_without"] = round(score(model, []), 6)
     return m, info
 
 
@@ -667,4 +707,3 @@ def verify_rounding(info: dict[str, Any] | None, found: list[torch.Tensor]) -> N
                 total,
                 ", ".join(check["not_matched"][:3]),
             )
-

@@ -119,6 +119,13 @@ def recovery_lines(results: dict[str, Any]) -> list[str]:
         trials = every.get(v["name"], [])
         shown = "; ".join(f"{name}: cosine {c:.5f}" for name, c in trials)
         notes = [f"{r['algorithm']} {r['note']}" for r in rec.get("applied", []) if r.get("note")]
+        notes += [
+            f"range_search narrowed {r['narrowed']} of {r['tensors']} activation ranges "
+            f"({', '.join(f'{k} {n}' for k, n in r['methods'].items())}; median int8 error "
+            f"{r['median_error_vs_minmax']:.2f}x min/max's)"
+            for r in rec.get("applied", [])
+            if r.get("algorithm") == "range_search" and r.get("methods")
+        ]
         line = f"`{v['name']}` ({rec['mode']}): kept {chosen}"
         if shown:
             line += f" (fidelity to float on calibration batches, held apart from evaluation: {shown})"

@@ -13,6 +13,7 @@ from ...errors import PassError, first_line
 from ...inputs import as_args, call
 from ...progress import NullProgress
 from ...variant import PassContext
+from .. import ranges
 from .._select import Backend, match_modules, module_types
 from ..recovery import RecoveryOptions
 
@@ -26,7 +27,12 @@ class StaticOptions(RecoveryOptions):
     )
     backend: Backend | None = None
     calibration_batches: int | None = Field(None, ge=1, description="Default: the whole split.")
-    activation_observer: Literal["minmax", "moving_average", "histogram"] = "histogram"
+    activation_observer: Literal["minmax", "moving_average", "histogram", "range_search"] = Field(
+        "histogram",
+        description="How activation ranges are calibrated; range_search: per tensor, the range with the "
+        "smallest int8 error among min/max, percentiles and clipping points (what `recovery: "
+        "[range_search]` sets).",
+    )
     weight_granularity: Literal["per_channel", "per_tensor"] = "per_channel"
     activation_symmetric: bool = False
     keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
@@ -47,6 +53,7 @@ def build_qconfig(opts: StaticOptions, backend: str) -> Any:
         "minmax": observer.MinMaxObserver,
         "moving_average": observer.MovingAverageMinMaxObserver,
         "histogram": observer.HistogramObserver,
+        "range_search": ranges.observer_class(observer.HistogramObserver),
     }[opts.activation_observer]
     activation = act_cls.with_args(dtype=torch.quint8, qscheme=qscheme, reduce_range=reduce_range)
     if opts.weight_granularity == "per_channel":
@@ -151,7 +158,11 @@ def static_fx(model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: 
         )
     prepared = prepare_fx(model.eval(), mapping, args, prepare_custom_config=custom)
     calibrate(prepared, ctx, opts.calibration_batches, "calibrate (fx)")
-    return convert_fx(prepared)
+    chosen = ranges.observed_choices(prepared) if opts.activation_observer == "range_search" else None
+    converted = convert_fx(prepared)
+    if chosen is not None:
+        converted.meta["torchtame_ranges"] = chosen
+    return converted
 
 
 def fusion_groups(model: nn.Module) -> list[list[str]]:

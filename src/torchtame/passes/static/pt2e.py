@@ -26,6 +26,7 @@ from torch import nn
 from ...errors import PassError, first_line
 from ...inputs import as_args, batch_size, repeat_batch, tensors
 from ...optional import require
+from .. import ranges
 
 log = logging.getLogger("torchtame")
 
@@ -106,6 +107,7 @@ def x86_config(observer: str, per_channel: bool) -> Any:
         "histogram": pt2e.HistogramObserver,
         "minmax": pt2e.MinMaxObserver,
         "moving_average": pt2e.MovingAverageMinMaxObserver,
+        "range_search": ranges.observer_class(pt2e.HistogramObserver),
     }[observer]
     act = QuantizationSpec(
         dtype=torch.uint8,
@@ -168,6 +170,8 @@ def quantize_pt2e(
             hint=f"`keep_float: [{module}]` quantizes the rest" if module else "keep that layer float",
         ) from exc
     calibrate(prepared)
+    if observer == "range_search":
+        changes["ranges"] = ranges.observed_choices(prepared)
     converted = convert_pt2e(prepared)
     changes["unused_float_bytes_dropped"] = drop_unused_attributes(converted)
     return converted, changes
