@@ -262,3 +262,30 @@ def test_weighted_ops_only_keeps_transformer_softmax_inputs_float(tmp_path) -> N
     static = apply_pass("quantize.static", vit, data, {"mode": "pt2e", "recovery": ["weighted_ops_only"]})
     [note] = static.info["recovery"]["applied"]
     assert note["applied"] is False and "does not apply" in note["note"]
+
+
+def test_analytic_bias_correction_needs_no_data() -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v2().eval()
+    data = _images(n=128, batch=32)
+    recalibrate_batchnorm(model, [x for x, _ in data.calibration])
+    example = data.example_input(2)
+    folded = copy.deepcopy(model)
+    recovery.fold_batchnorms(folded, example)  # what the back ends quantize, uncorrected
+    corrected = copy.deepcopy(model)
+    rec = recovery.correct_bias_analytic(corrected, example)
+    assert rec["applied"] >= 30 and rec["form"].startswith("analytic"), rec  # every BN-fed conv
+    held = torch.cat([x for x, _ in data.evaluation])
+    with torch.no_grad():
+        ref = model(held)
+        assert torch.allclose(folded(held), ref, atol=1e-4)
+        cos = [
+            nn.functional.cosine_similarity(_weights_rounded(m)(held), ref).mean().item()
+            for m in (folded, corrected)
+        ]
+    assert cos[1] > cos[0] + 0.003, cos
+    options = {"mode": "fx", "recovery": ["bias_correction"], "bias_correction_form": "analytic"}
+    v = apply_pass("quantize.static", model, data, options)
+    assert v.info["recovery"]["applied"][0]["form"].startswith("analytic")

@@ -440,6 +440,75 @@ def correct_bias(model: nn.Module, batches: list[Any], skip: set[str] | None = N
     }
 
 
+def _expected_input(bn: nn.Module, act: nn.Module | None) -> torch.Tensor:
+    """E[act(z)] per channel for z ~ N(beta, gamma^2): a BatchNorm's output distribution, through
+    the activation after it (timm's BatchNormAct2d carries its own), by quadrature over 257 normal
+    quantiles (works for ReLU, ReLU6, Hardswish, SiLU, ... alike)."""
+    beta = bn.bias.detach() if bn.bias is not None else torch.zeros_like(bn.running_mean)
+    gamma = bn.weight.detach().abs() if bn.weight is not None else torch.ones_like(bn.running_mean)
+    p = (torch.arange(257, dtype=torch.float64) + 0.5) / 257
+    z = torch.distributions.Normal(0.0, 1.0).icdf(p).to(beta.dtype)
+    samples = beta[:, None] + gamma[:, None] * z[None, :]
+    fn = act if act is not None else getattr(bn, "act", None)
+    with torch.no_grad():
+        return (fn(samples) if fn is not None else samples).mean(dim=1)
+
+
+def _bn_fed_layers(model: nn.Module, example: Any) -> dict[str, torch.Tensor]:
+    """Layer -> the expected value of each input channel, for every conv/linear whose input is a
+    BatchNorm's output (through at most one elementwise activation)."""
+    mods = dict(model.named_modules())
+    fed = _consumers(_trace_modules(model, example), mods)
+    found = {}
+    for name, m in mods.items():
+        chain = fed.get(name, [])
+        if not isinstance(m, WEIGHTED) or len(chain) != 1:
+            continue
+        bn = _module(mods, chain[0])
+        if not (isinstance(bn, nn.modules.batchnorm._BatchNorm) and bn.track_running_stats):
+            continue
+        node, act = chain[0], None
+        if len(fed.get(node, [])) == 1 and isinstance(
+            _module(mods, fed[node][0]), SCALE_EQUIVARIANT + NOT_EQUIVARIANT
+        ):
+            node = fed[node][0]
+            act = _module(mods, node)
+        after = fed.get(node, [])
+        if len(after) == 1 and isinstance(_module(mods, after[0]), WEIGHTED):
+            second = _module(mods, after[0])
+            if _channels_match(m, second):
+                found[after[0].split("#")[0]] = _expected_input(bn, act)
+    return found
+
+
+def correct_bias_analytic(model: nn.Module, example: Any, skip: set[str] | None = None) -> dict[str, Any]:
+    """Analytic (data-free) bias correction in place (Nagel et al. 2019): where a layer's input is
+    a BatchNorm's output, its channels' expected values follow from the BatchNorm's beta and gamma
+    (and the activation between), so the mean output error of int8 weights is (Q(W) - W) E[x],
+    subtracted from the bias. BatchNorms are folded first, as the back ends fold them."""
+    means = {k: v for k, v in _bn_fed_layers(model, example).items() if k not in (skip or set())}
+    fold_batchnorms(model, example)
+    shifts = []
+    with torch.no_grad():
+        for name, mean in means.items():
+            m = model.get_submodule(name)
+            delta = fake_quant_weight(m.weight) - m.weight
+            delta = delta.flatten(2).sum(-1) if delta.dim() > 2 else delta  # [out, in / groups]
+            depthwise = getattr(m, "groups", 1) > 1  # output channel c reads input channel c
+            error = delta[:, 0] * mean if depthwise else delta @ mean.to(delta.dtype)
+            if m.bias is None:
+                m.bias = nn.Parameter(-error)
+            else:
+                m.bias.sub_(error.to(m.bias.dtype))
+            shifts.append(error.abs().mean().item())
+    return {
+        "algorithm": "bias_correction",
+        "applied": len(means),
+        "form": "analytic, from BatchNorm statistics",
+        "mean_abs_shift": round(sum(shifts) / len(shifts), 6) if shifts else None,
+    }
+
+
 # --------------------------------------------------------------------------- smoothquant
 
 
@@ -524,6 +593,7 @@ def apply(
     alpha: float = 0.5,
     skip: set[str] | None = None,
     iterations: int = 200,
+    analytic: bool = False,
 ) -> list[dict[str, Any]]:
     """Apply ``algorithms`` to the float ``model`` in place, in the order that composes: smoothing
     and equalization change the weights, AdaRound rounds them, bias correction then corrects what
@@ -541,13 +611,15 @@ def apply(
             rec = equalize(model, example)
         elif name == "adaround":
             rec = adaround(model, batches, lambda m: fold_batchnorms(m, example), iterations, skip)
+        elif analytic:
+            rec = correct_bias_analytic(model, example, skip)
         else:
             rec = correct_bias(model, batches, skip)
         if not rec["applied"]:
             why = {
                 "smoothquant": "no LayerNorm feeds only Linears (post-LN residuals are left alone)",
                 "equalization": "no conv/linear pairs joined by ReLU or nothing",
-                "bias_correction": "no conv/linear layers",
+                "bias_correction": "no conv/linear layers" + (" fed by a BatchNorm" if analytic else ""),
                 "adaround": "no conv/linear layers",
             }[name]
             rec["note"] = f"does not apply to this model: {why}"
@@ -570,6 +642,12 @@ class RecoveryOptions(Strict):
         "none); `none`.",
     )
     smoothquant_alpha: float = Field(0.5, ge=0, le=1, description="SmoothQuant's migration strength.")
+    bias_correction_form: Literal["empirical", "analytic"] = Field(
+        "empirical",
+        description="bias_correction's form: empirical (calibration batches, every layer) or analytic "
+        "(data-free, from the BatchNorm statistics before each layer; layers not fed by a BatchNorm "
+        "are left alone).",
+    )
     recovery_batches: int = Field(
         4, ge=1, le=64, description="Calibration batches that bias correction, AdaRound and SmoothQuant read."
     )
@@ -641,10 +719,13 @@ def choose(
     the best is kept, every trial recorded."""
     batches = calibration_batches(loader, opts.recovery_batches)
     trials, best = [], None
+    analytic = opts.bias_correction_form == "analytic"
     for combo in candidates(model, example, opts.per_channel_weights(), opts.quantizes_onnx()):
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
-        records = apply(m, combo, example, batches, opts.smoothquant_alpha, skip, opts.adaround_iterations)
+        records = apply(
+            m, combo, example, batches, opts.smoothquant_alpha, skip, opts.adaround_iterations, analytic
+        )
         try:
             value = score(m, combo)
         except Exception as exc:  # one candidate failing to build must not stop the others
@@ -680,7 +761,14 @@ def recover(
     t0 = time.perf_counter()
     batches = calibration_batches(loader, opts.recovery_batches)
     records = apply(
-        m, list(opts.recovery), example, batches, opts.smoothquant_alpha, skip, opts.adaround_iterations
+        m,
+        list(opts.recovery),
+        example,
+        batches,
+        opts.smoothquant_alpha,
+        skip,
+        opts.adaround_iterations,
+        opts.bias_correction_form == "analytic",
     )
     info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
     info["seconds"] = round(time.perf_counter() - t0, 2)
