@@ -243,6 +243,7 @@ def readme_figures(results: Path = HERE / "results") -> str:
             f"{r['speedup_vs_fp32_eager']['int8 auto']:.2f}x fp32 eager at batch {modes['batch']}, "
             f"{p50['fp32 compiled'] / p50['int8 auto']:.2f}x fp32 compiled."
         )
+    lines += _recovery_figures(results)
     d, rn = unlabeled["digits"], unlabeled["resnet18"]
     lines.append(
         f"- `python benchmarks/unlabeled.py` (`results/unlabeled.json`): without labels the digits search "
@@ -268,6 +269,38 @@ def readme_figures(results: Path = HERE / "results") -> str:
         f"{harness['repeats']} times back to back, the median spread is {statistics.median(hs):.1%}."
     )
     return "\n".join(lines)
+
+
+def _recovery_figures(results: Path) -> list[str]:
+    """README bullets of the recovery and Transformer int8 benchmarks (when they have run)."""
+    lines = []
+    if (results / "recovery.json").is_file():
+        for r in _load(results, "recovery")["rows"]:
+            plain, best = r.get("pt2e") or r.get("onnx MinMax"), r.get("pt2e recovery auto")
+            best = best or r.get("onnx recovery auto")
+            if not plain or not best:
+                continue
+            floor = r.get("weights_only")
+            chosen = " + ".join(best.get("chosen", [])) or "none"
+            lines.append(
+                f"- `recovery.py` (`results/recovery.json`), {r['model']}: int8 cosine {plain['cosine']:.4f} "
+                f"(agreement {plain['agreement']:.1f}%) -> {best['cosine']:.4f} ({best['agreement']:.1f}%) "
+                f"with `recovery: auto` (chose {chosen})"
+                + (
+                    f"; int8 weights alone: {floor['cosine']:.4f} ({floor['agreement']:.1f}%)."
+                    if floor
+                    else "."
+                )
+            )
+    if (results / "transformer_int8.json").is_file():
+        t = _load(results, "transformer_int8")
+        p50, row = t["p50_ms"], t["rows"]["int8 pt2e"]
+        lines.append(
+            f"- `transformer_int8.py` (`results/transformer_int8.json`): MiniLM-sized BertModel, static "
+            f"int8 (PT2E) cosine {row['cosine']:.4f}, {p50['fp32 eager (SDPA)'] / p50['int8 pt2e']:.2f}x "
+            f"fp32 eager with SDPA at batch {t['batch']}, sequence {t['length']}."
+        )
+    return lines
 
 
 def quickstart_note(results: Path = HERE / "results") -> str:

@@ -25,6 +25,8 @@ SECTIONS = {
     "unlabeled": "unlabeled",
     "ray_cluster": "ray_cluster",
     "compression": "compression",
+    "recovery": "recovery",
+    "transformer_int8": "transformer_int8",
 }
 
 

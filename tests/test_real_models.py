@@ -250,3 +250,30 @@ def test_half_keeps_integer_inputs_and_casts_only_float_parameters(tmp_path: Pat
     with make_runner(v, "cpu") as (_, prepare):
         x = prepare(data.example_input(2))
     assert x.dtype == torch.int64
+
+
+@pytest.mark.slow
+def test_static_int8_on_a_minilm_sized_bert(tmp_path: Path) -> None:
+    """#24: static int8 through PT2E on a real-sized BertModel (all-MiniLM-L6-v2's config), loaded
+    with from_pretrained and called with keyword inputs, padding in the batch."""
+    from transformers import BertConfig, BertModel
+
+    from torchtame import apply_pass, load_data
+    from torchtame.data import PythonData
+    from torchtame.inputs import select_output
+
+    torch.manual_seed(0)
+    config = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+    BertModel(config).save_pretrained(tmp_path)
+    model = BertModel.from_pretrained(tmp_path).eval()
+    assert model.config.vocab_size == 30522
+    data = load_data(PythonData(source="python", target="tests.realmodels:hf_rows", batch_size=8), 0)
+    v = apply_pass("quantize.static", model, data, {"mode": "pt2e"})
+    graph = v.info["graph"]
+    assert graph["int8_layers"] == graph["weight_layers"] == 37  # 6 x 6 Linears and the pooler
+    x = next(iter(data.evaluation))[0]
+    assert (x["attention_mask"] == 0).any()  # padded rows
+    with torch.inference_mode():
+        ref, out = model(**x).last_hidden_state, select_output(v.module(**x), "last_hidden_state")
+    real = x["attention_mask"].bool()
+    assert torch.nn.functional.cosine_similarity(ref[real], out[real], dim=-1).mean() > 0.99
