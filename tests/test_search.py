@@ -56,6 +56,7 @@ def _search_recipe(tmp_path: Path, **search) -> dict:
             "prune": False,
             "max_float_layers": 2,
             "quantize_options": {"activation_observer": "minmax"},
+            "recovery": False,
             **search,
         },
     )
@@ -96,6 +97,32 @@ def test_qat_is_tried_when_post_training_int8_misses(tmp_path: Path) -> None:
     assert qat["status"] == "ok" and qat["pass"] == "quantize.qat" and qat["info"]["curve"]
     selected = next(c for c in result.results["selection"]["candidates"] if c["name"] == "search-int8-qat")
     assert result.results["search"]["qat"]["baseline"]["meets"] == selected["meets"]
+
+
+def test_recovery_is_tried_before_keeping_layers_float(tmp_path: Path) -> None:
+    recipe = _search_recipe(tmp_path, max_float_layers=1, qat=False, recovery=True)
+    recipe["search"]["quantize_options"]["adaround_iterations"] = 10
+    result = run(recipe)
+    names = [v["name"] for v in result.results["variants"]]
+    assert (
+        names.index("search-int8") < names.index("search-int8-recovered") < names.index("search-int8-float1")
+    )
+    recovered = result.variant("search-int8-recovered")
+    rec = recovered["info"]["recovery"]
+    assert rec["mode"] == "auto" and {tuple(t["algorithms"]) for t in rec["trials"]} >= {
+        (),
+        ("range_search",),
+    }
+    record = result.results["search"]["recovery"]["baseline"]
+    selected = next(
+        c for c in result.results["selection"]["candidates"] if c["name"] == "search-int8-recovered"
+    )
+    assert record["meets"] == selected["meets"] and record["chosen"] == rec["chosen"]
+    if record["meets"]:  # nothing slower is tried after a candidate that meets
+        assert "search-int8-float1" not in names
+    else:  # the planted column is beyond recovery: the layer is kept float next
+        assert names.index("search-int8-recovered") < names.index("search-int8-float1")
+        assert result.variant("search-int8-float1")["info"]["kept_float"] == ["sensitive"]
 
 
 def test_search_with_pruning_grid_and_combination(tmp_path: Path) -> None:

@@ -220,6 +220,12 @@ class SearchConfig(Strict):
         default_factory=OnnxQuantOptions, description="quantize.onnx options of the ONNX candidates."
     )
     combine: bool = Field(True, description="Also quantize the best pruning candidate.")
+    recovery: bool = Field(
+        True,
+        description="When plain static int8 misses the constraints, try it with `recovery: auto` "
+        "(range search, bias correction, equalization, AdaRound: the best on calibration batches) "
+        "before keeping layers float.",
+    )
     qat: bool = Field(
         True,
         description="When no post-training int8 candidate meets the constraints (even with "

@@ -54,11 +54,12 @@ class TorchInt8:
             name = prefix if k == 0 else f"{prefix}-float{k}"
             options = qopts.model_copy(update={"keep_float": [*qopts.keep_float, *keep]})
             _, reasons = s.step(name, STATIC, parent, options)
-            if not reasons:
+            if not reasons or (k == 0 and self.recovered(s, parent, prefix)):
                 if k < most:
                     s.stop(
                         self.family,
-                        f"{name} meets the fidelity constraints; more float layers cannot be faster",
+                        f"{name if not reasons else f'{prefix}-recovered'} meets the fidelity "
+                        "constraints; more float layers cannot be faster",
                     )
                 return keep
             log.info(
@@ -69,6 +70,22 @@ class TorchInt8:
         if s.cfg.qat:
             self.qat(s, parent, prefix)
         return keep
+
+    def recovered(self, s: Search, parent: str, prefix: str) -> bool:
+        """Plain int8 missed: the same with accuracy recovery (``recovery: auto``); whether it meets."""
+        qopts = s.cfg.quantize_options
+        if not s.cfg.recovery or qopts.recovery != "none":
+            return False
+        log.info("plain int8 misses the constraints; trying it with accuracy recovery (recovery: auto)")
+        options = qopts.model_copy(update={"recovery": "auto"})
+        entry, reasons = s.step(f"{prefix}-recovered", STATIC, parent, options)
+        chosen = ((info_of(entry) or {}).get("recovery") or {}).get("chosen")
+        s.info.setdefault("recovery", {})[parent] = {
+            "meets": not reasons,
+            "chosen": chosen,
+            "reasons": reasons,
+        }
+        return not reasons
 
     def qat(self, s: Search, parent: str, prefix: str) -> None:
         """Post-training int8 missed even with sensitive layers float: quantization-aware training."""
