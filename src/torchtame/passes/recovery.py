@@ -380,6 +380,15 @@ def _broadcast(module: nn.Module, c: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return c if isinstance(module, nn.Linear) else c.reshape((1, -1) + (1,) * (y.dim() - 2))
 
 
+def _add_to_bias(m: nn.Module, correction: torch.Tensor) -> float:
+    """``m.bias += correction`` (a bias made where there was none); the mean absolute shift."""
+    if m.bias is None:
+        m.bias = nn.Parameter(correction.to(m.weight.dtype))
+    else:
+        m.bias.add_(correction.to(m.bias.dtype))
+    return correction.abs().mean().item()
+
+
 def correct_bias(model: nn.Module, batches: list[Any], skip: set[str] | None = None) -> dict[str, Any]:
     """Empirical bias correction in place: on each calibration batch, the float model's mean output
     of every layer is compared with a copy whose weights are rounded to int8, layer by layer in
@@ -425,12 +434,7 @@ def correct_bias(model: nn.Module, batches: list[Any], skip: set[str] | None = N
     shifts = []
     with torch.no_grad():
         for name, correction in totals.items():
-            m = mods[name]
-            if m.bias is None:
-                m.bias = nn.Parameter(correction.to(m.weight.dtype))
-            else:
-                m.bias.add_(correction.to(m.bias.dtype))
-            shifts.append(correction.abs().mean().item())
+            shifts.append(_add_to_bias(mods[name], correction))
     return {
         "algorithm": "bias_correction",
         "applied": len(totals),
@@ -496,11 +500,7 @@ def correct_bias_analytic(model: nn.Module, example: Any, skip: set[str] | None 
             delta = delta.flatten(2).sum(-1) if delta.dim() > 2 else delta  # [out, in / groups]
             depthwise = getattr(m, "groups", 1) > 1  # output channel c reads input channel c
             error = delta[:, 0] * mean if depthwise else delta @ mean.to(delta.dtype)
-            if m.bias is None:
-                m.bias = nn.Parameter(-error)
-            else:
-                m.bias.sub_(error.to(m.bias.dtype))
-            shifts.append(error.abs().mean().item())
+            shifts.append(_add_to_bias(m, -error))
     return {
         "algorithm": "bias_correction",
         "applied": len(means),
