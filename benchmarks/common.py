@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from torchtame import load_data
+from torchtame.data import SyntheticData
 from torchtame.evaluate.latency import measure_latency
 from torchtame.inputs import call
 
@@ -69,6 +71,11 @@ def interleaved_p50(
 
 def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(ref.flatten(1).float(), out.flatten(1).float()).mean().item()
+
+
+def synthetic(shape: list[int], n: int, batch: int) -> Any:
+    """Synthetic inputs of ``shape`` (calibration and evaluation drawn apart), seed 0."""
+    return load_data(SyntheticData(source="synthetic", shape=shape, num_samples=n, batch_size=batch), 0)
 
 
 def agreement(ref: torch.Tensor, out: torch.Tensor) -> float:

@@ -26,19 +26,14 @@ from typing import Any
 
 import torch
 import yaml
-from common import agreement, cosine, interleaved_p50, out_dir, parser, publish
+from common import agreement, cosine, interleaved_p50, out_dir, parser, publish, synthetic
 from torch import nn
 
 import torchtame
 from torchtame import apply_pass, load_data
-from torchtame.data import SyntheticData
 from torchtame.training import recalibrate_batchnorm
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _synthetic(shape: list[int], n: int, batch: int) -> Any:
-    return load_data(SyntheticData(source="synthetic", shape=shape, num_samples=n, batch_size=batch), 0)
 
 
 def digits_sparse(quick: bool) -> dict[str, Any]:
@@ -71,7 +66,7 @@ def digits_sparse(quick: bool) -> dict[str, Any]:
 def resnet18_sparse(steps: int, quick: bool) -> dict[str, Any]:
     import torchvision
 
-    data = _synthetic([3, 32, 32] if quick else [3, 64, 64], 48 if quick else 512, 16 if quick else 32)
+    data = synthetic([3, 32, 32] if quick else [3, 64, 64], 48 if quick else 512, 16 if quick else 32)
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()
     held = torch.cat([x for x, _ in data.evaluation])
@@ -96,7 +91,7 @@ def resnet18_sparse(steps: int, quick: bool) -> dict[str, Any]:
 def mobilenet_qat(steps: int, quick: bool) -> dict[str, Any]:
     import torchvision
 
-    data = _synthetic([3, 32, 32], 128 if quick else 512, 32)
+    data = synthetic([3, 32, 32], 128 if quick else 512, 32)
     torch.manual_seed(0)
     model = torchvision.models.mobilenet_v2(num_classes=10).eval()
     recalibrate_batchnorm(model, [x for x, _ in data.calibration])
@@ -173,7 +168,7 @@ def _vit(which: str) -> nn.Module:
 
 
 def vit_heads(steps: int, quick: bool) -> dict[str, Any]:
-    data = _synthetic([3, 64, 64], 32 if quick else 256, 16)
+    data = synthetic([3, 64, 64], 32 if quick else 256, 16)
     held = torch.cat([x for x, _ in data.evaluation])
     out = {}
     models = (

@@ -30,22 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import agreement, cosine, interleaved_p50, out_dir, parser, publish
+from common import agreement, cosine, interleaved_p50, out_dir, parser, publish, synthetic
 from torch import nn
 
 from torchtame import apply_pass, load_data
-from torchtame.data import SyntheticData
 from torchtame.inputs import select_output
 from torchtame.onnx_runtime import run_session, session
 from torchtame.passes import recovery
 from torchtame.runtime import compiled
 from torchtame.training import recalibrate_batchnorm
-
-
-def _images(size: int, n: int, batch: int = 8) -> Any:
-    return load_data(
-        SyntheticData(source="synthetic", shape=[3, size, size], num_samples=n, batch_size=batch), 0
-    )
 
 
 def trained_digits_mobilenet() -> tuple[nn.Module, Any]:
@@ -72,13 +65,15 @@ def cnns(quick: bool) -> list[tuple[str, nn.Module, Any, bool]]:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.samepad import ported_net
 
-        return [("ported-samepad-net (32x32)", ported_net(), _images(32, 48), False)]
+        return [("ported-samepad-net (32x32)", ported_net(), synthetic([3, 32, 32], 48, 8), False)]
     out = []
     torch.manual_seed(0)
-    out.append(("mobilenet_v2", torchvision.models.mobilenet_v2().eval(), _images(224, 96), False))
+    out.append(
+        ("mobilenet_v2", torchvision.models.mobilenet_v2().eval(), synthetic([3, 224, 224], 96, 8), False)
+    )
     for name in ("tf_efficientnet_lite0", "mobilenetv3_large_100"):
         torch.manual_seed(0)
-        out.append((name, timm.create_model(name).eval(), _images(224, 96), False))
+        out.append((name, timm.create_model(name).eval(), synthetic([3, 224, 224], 96, 8), False))
     out.append((TRAINED, *trained_digits_mobilenet(), True))
     return out
 
@@ -102,9 +97,26 @@ def _figures(ref: torch.Tensor, out: torch.Tensor) -> dict[str, float]:
     return {"cosine": round(cosine(ref, out), 5), "agreement": round(agreement(ref, out), 2)}
 
 
-def _onnx_out(v: Any, x: torch.Tensor) -> torch.Tensor:
-    sess = session(v.onnx_path, "cpu")
-    return torch.cat([select_output(run_session(sess, xb)).float() for xb in x.split(16)])
+def _onnx_rows(
+    model: nn.Module,
+    data: Any,
+    variants: list[tuple[str, dict[str, Any]]],
+    ref: torch.Tensor,
+    held: torch.Tensor,
+) -> dict[str, dict[str, Any]]:
+    """quantize.onnx with each options: fidelity on ``held``, build time, what recovery chose."""
+    rows = {}
+    for label, options in variants:
+        t0 = time.perf_counter()
+        v = apply_pass("quantize.onnx", copy.deepcopy(model), data, options)
+        sess = session(v.onnx_path, "cpu")
+        out = torch.cat([select_output(run_session(sess, xb)).float() for xb in held.split(16)])
+        rows[label] = {**_figures(ref, out), "build_s": round(time.perf_counter() - t0, 1)}
+        if "recovery" in v.info:
+            rows[label]["chosen"] = v.info["recovery"]["chosen"]
+            rows[label]["trials"] = v.info["recovery"]["trials"]
+        print(f"  {label}: {rows[label]['cosine']} / {rows[label]['agreement']}%", flush=True)
+    return rows
 
 
 def bench_cnn(
@@ -141,15 +153,12 @@ def bench_cnn(
             ]
         built[label] = fn
         print(f"  {label}: {row[label]['cosine']} / {row[label]['agreement']}% ({seconds} s)", flush=True)
-    for label, options in (
+    onnx = [
         ("onnx MinMax", {}),
         ("onnx Percentile", {"calibration_method": "Percentile"}),
         ("onnx range search", {"calibration_method": "RangeSearch"}),
-    ):
-        t0 = time.perf_counter()
-        v = apply_pass("quantize.onnx", copy.deepcopy(model), data, options)
-        row[label] = {**_figures(ref, _onnx_out(v, held)), "build_s": round(time.perf_counter() - t0, 1)}
-        print(f"  {label}: {row[label]['cosine']} / {row[label]['agreement']}%", flush=True)
+    ]
+    row.update(_onnx_rows(model, data, onnx, ref, held))
     fns = {"fp32 eager": model, "fp32 compiled": compiled(model), **built}
     with torch.inference_mode():
         fns["fp32 compiled"](data.example_input(8))
@@ -165,7 +174,7 @@ def bench_vit(quick: bool) -> dict[str, Any]:
     size = 32 if quick else 64
     depth = {"depth": 2} if quick else {}
     model = timm.create_model("vit_tiny_patch16_224", img_size=size, **depth).eval()
-    data = _images(size, 48 if quick else 96)
+    data = synthetic([3, size, size], 48 if quick else 96, 8)
     held = torch.cat([x for x, _ in data.evaluation])
     with torch.inference_mode():
         ref = model(held)
@@ -174,14 +183,7 @@ def bench_vit(quick: bool) -> dict[str, Any]:
     variants = [("onnx MinMax", {}), ("onnx recovery auto", {"recovery": "auto"})]
     if not quick:
         variants.insert(1, ("onnx range search", {"calibration_method": "RangeSearch"}))
-    for label, options in variants:
-        t0 = time.perf_counter()
-        v = apply_pass("quantize.onnx", copy.deepcopy(model), data, options)
-        row[label] = {**_figures(ref, _onnx_out(v, held)), "build_s": round(time.perf_counter() - t0, 1)}
-        if "recovery" in v.info:
-            row[label]["chosen"] = v.info["recovery"]["chosen"]
-            row[label]["trials"] = v.info["recovery"]["trials"]
-        print(f"  {label}: {row[label]['cosine']} / {row[label]['agreement']}%", flush=True)
+    row.update(_onnx_rows(model, data, variants, ref, held))
     return row
 
 

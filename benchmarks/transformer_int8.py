@@ -42,12 +42,11 @@ TINY = {**MINILM, "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
 def minilm_rows(n: int = 96, length: int = 128, vocab: int = 30522, seed: int = 0) -> list[dict[str, Any]]:
     """Rows of random token ids, each padded after a random length, with their attention masks."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, vocab, (n, length), generator=g) if vocab > 2000 else None
-    if ids is None:
-        ids = torch.randint(5, vocab, (n, length), generator=g)
+    real = vocab > 2000  # BERT's vocabulary: word pieces from 1000 on, [CLS] = 101
+    ids = torch.randint(1000 if real else 5, vocab, (n, length), generator=g)
     lengths = torch.randint(length // 4, length + 1, (n,), generator=g)
     mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
-    ids[:, 0] = 101 if vocab > 2000 else 2  # [CLS]
+    ids[:, 0] = 101 if real else 2  # [CLS]
     return [{"input_ids": i * m, "attention_mask": m} for i, m in zip(ids, mask, strict=True)]
 
 

@@ -138,7 +138,8 @@ def test_adaround_learns_better_roundings_through_padding_subclasses() -> None:
     recalibrate_batchnorm(model, calibration)
     held_apart = torch.cat([x for x, _ in data.evaluation])
     rounded = copy.deepcopy(model)
-    [rec] = recovery.apply(rounded, ["adaround"], data.example_input(1), calibration, iterations=40)
+    options = recovery.RecoveryOptions(adaround_iterations=40)
+    [rec] = recovery.apply(rounded, ["adaround"], data.example_input(1), calibration, options)
     assert rec["applied"] == 50 and rec["batchnorms_folded"] >= 40
     assert rec["median_output_mse_ratio"] > 1.03 and 0 < rec["weights_flipped_from_nearest"] < 0.2
     with torch.no_grad():

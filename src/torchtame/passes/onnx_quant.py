@@ -28,6 +28,9 @@ from .recovery import RecoveryOptions
 log = logging.getLogger("torchtame")
 
 
+WEIGHTED_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
+
+
 class OnnxQuantOptions(RecoveryOptions):
     mode: Literal["static", "dynamic"] = "static"
     format: Literal["QDQ", "QOperator"] = "QDQ"
@@ -63,6 +66,19 @@ class OnnxQuantOptions(RecoveryOptions):
 
     def quantizes_onnx(self) -> bool:
         return True
+
+    def quantize_with(self, algorithms: list[str]) -> OnnxQuantOptions:
+        """``range_search``: per-tensor ranges; ``weighted_ops_only``: convolutions and matrix
+        products only, their outputs float."""
+        update: dict[str, Any] = {}
+        if "range_search" in algorithms:
+            update["calibration_method"] = "RangeSearch"
+        if "weighted_ops_only" in algorithms:
+            update["op_types_to_quantize"] = [
+                t for t in self.op_types_to_quantize or WEIGHTED_OPS if t in WEIGHTED_OPS
+            ]
+            update["quantize_outputs"] = False
+        return self.model_copy(update=update) if update else self
 
 
 class _Reader:
@@ -144,7 +160,7 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         ctx, "quantize.onnx", "start from a float32 variant or its ONNX twin", float32=True, allow_onnx=True
     )
     recovered = None
-    chosen: list[str] = []
+    used = opts  # the options quantized with: the recovery auto settled on may change them
     if parent.kind == "onnx":
         assert parent.onnx_path is not None
         if opts.recovery != "none":
@@ -157,9 +173,8 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         assert model is not None
         if opts.recovery != "none":
             model, recovered = _recover(model, ctx, opts)
-            chosen = recovered["chosen"]
-        source = _export(model, ctx, opts, "float.onnx")
-        out, repeated, searched = _quantize(source, ctx, with_ranges(opts, chosen), "model.onnx")
+            used = opts.quantize_with(recovered["chosen"])
+        out, repeated, searched = _quantize(_export(model, ctx, opts, "float.onnx"), ctx, used, "model.onnx")
     for tmp in ctx.work_dir.glob("*.onnx"):
         if tmp != out:
             tmp.unlink()
@@ -170,7 +185,7 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         "format": opts.format,
         "per_channel": opts.per_channel,
         "calibration_method": opts.calibration_method if opts.mode == "static" else None,
-        "op_types_quantized": with_ranges(opts, chosen).op_types_to_quantize or "all",
+        "op_types_quantized": used.op_types_to_quantize or "all",
         **({"ranges": searched} if searched else {}),
         "calibration_samples_repeated": repeated if opts.mode == "static" else None,
         "nodes_excluded": opts.nodes_to_exclude,
@@ -178,9 +193,7 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
     }
     if recovered is not None:
         recovery.verify_rounding(recovered, onnx_int8_weights(out))
-        for rec in recovered["applied"]:
-            if rec["algorithm"] == "range_search" and searched:
-                rec.update(searched)
+        recovery.record_ranges(recovered, searched)
         info["recovery"] = recovered
     return ctx.variant(None, onnx_path=out, dtype=f"onnx-{opts.mode}-int8", quantized=True, info=info)
 
@@ -202,23 +215,6 @@ def _export(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions, name: st
     path = ctx.work_dir / name
     export_onnx(model, repeat_batch(ctx.example_input, 2), path, opts.export, quantized=False)
     return path
-
-
-WEIGHTED_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
-
-
-def with_ranges(opts: OnnxQuantOptions, algorithms: list[str]) -> OnnxQuantOptions:
-    """The options a recovery combination quantizes with (``range_search``: per-tensor ranges;
-    ``weighted_ops_only``: convolutions and matrix products only)."""
-    update: dict[str, Any] = {}
-    if "range_search" in algorithms:
-        update["calibration_method"] = "RangeSearch"
-    if "weighted_ops_only" in algorithms:
-        update["op_types_to_quantize"] = [
-            t for t in opts.op_types_to_quantize or WEIGHTED_OPS if t in WEIGHTED_OPS
-        ]
-        update["quantize_outputs"] = False
-    return opts.model_copy(update=update) if update else opts
 
 
 def search_ranges(
@@ -327,7 +323,7 @@ def _recover(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions) -> tupl
     def score(candidate: nn.Module, algorithms: list[str]) -> float:
         trial[0] += 1
         source = _export(candidate, ctx, opts, f"trial{trial[0]}.onnx")
-        q, _, _ = _quantize(source, ctx, with_ranges(opts, algorithms), f"q{trial[0]}.onnx")
+        q, _, _ = _quantize(source, ctx, opts.quantize_with(algorithms), f"q{trial[0]}.onnx")
         sess = session(q, "cpu")
         out = torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held])
         return compare_outputs(ref, out)["cosine_similarity"]

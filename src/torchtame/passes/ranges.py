@@ -82,27 +82,28 @@ def search_range(
     return {"min": lo, "max": hi, "method": method.split(" ")[0], "error_ratio": round(ratio, 4)}
 
 
+class RangeSearch:
+    """Mixin over a HistogramObserver (torch.ao's or torchao's): qparams from :func:`search_range`,
+    the choice kept on the observer (``range_choice``) for the run's record."""
+
+    def calculate_qparams(self: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.min_val == float("inf") and self.max_val == float("-inf"):
+            return super().calculate_qparams()  # not calibrated: the observer's own warning
+        lo, hi = float(self.min_val), float(self.max_val)
+        edges = torch.linspace(lo, hi, self.bins + 1, dtype=torch.float64)
+        levels = self.quant_max - self.quant_min + 1
+        self.range_choice = choice = search_range(self.histogram, edges, levels, lo, hi)
+        like = self.min_val
+        return self._calculate_qparams(
+            torch.tensor(choice["min"], dtype=like.dtype, device=like.device),
+            torch.tensor(choice["max"], dtype=like.dtype, device=like.device),
+        )
+
+
 @functools.cache
 def observer_class(base: type) -> type:
-    """``base`` (torch.ao's or torchao's HistogramObserver) with qparams from :func:`search_range`;
-    the choice is kept on the observer (``range_choice``) for the run's record."""
-
-    class RangeSearchObserver(base):  # type: ignore[misc, valid-type]
-        def calculate_qparams(self):  # type: ignore[no-untyped-def]
-            if self.min_val == float("inf") and self.max_val == float("-inf"):
-                return super().calculate_qparams()
-            lo, hi = float(self.min_val), float(self.max_val)
-            edges = torch.linspace(lo, hi, self.bins + 1, dtype=torch.float64)
-            choice = search_range(self.histogram, edges, self.quant_max - self.quant_min + 1, lo, hi)
-            self.range_choice = choice
-            return self._calculate_qparams(
-                torch.tensor(choice["min"], dtype=self.min_val.dtype, device=self.min_val.device),
-                torch.tensor(choice["max"], dtype=self.max_val.dtype, device=self.max_val.device),
-            )
-
-    RangeSearchObserver.__name__ = f"RangeSearch{base.__name__}"
-    RangeSearchObserver.__qualname__ = RangeSearchObserver.__name__
-    return RangeSearchObserver
+    """``base`` (torch.ao's or torchao's HistogramObserver) with the :class:`RangeSearch` qparams."""
+    return type(f"RangeSearch{base.__name__}", (RangeSearch, base), {})
 
 
 def summarise(choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,7 +123,7 @@ def observed_choices(prepared: torch.nn.Module) -> dict[str, Any]:
     """Run the search on every range-search observer of a calibrated torch model and summarise."""
     found = []
     for m in prepared.modules():
-        if type(m).__name__.startswith("RangeSearch"):
+        if isinstance(m, RangeSearch):
             m.calculate_qparams()
             if hasattr(m, "range_choice"):
                 found.append(m.range_choice)

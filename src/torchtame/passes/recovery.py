@@ -43,7 +43,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self, get_args
 
 import torch
 from pydantic import Field, model_validator
@@ -55,17 +55,12 @@ from .adaround import adaround, check_integers
 
 log = logging.getLogger("torchtame")
 
+# in the order that composes: what the back end applies itself first, then smoothing and
+# equalization change the weights, AdaRound rounds them, bias correction corrects what is left
 Algorithm = Literal[
-    "range_search", "weighted_ops_only", "equalization", "bias_correction", "smoothquant", "adaround"
+    "range_search", "weighted_ops_only", "smoothquant", "equalization", "adaround", "bias_correction"
 ]
-ALGORITHMS: tuple[str, ...] = (
-    "range_search",
-    "weighted_ops_only",
-    "equalization",
-    "bias_correction",
-    "smoothquant",
-    "adaround",
-)
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 # what the back end applies at calibration or quantization, not a change of the float model
 AT_QUANTIZATION = {"range_search": "calibration", "weighted_ops_only": "quantization"}
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Linear)
@@ -585,44 +580,59 @@ def _smooth(norm: nn.Module, linears: list[nn.Module], s: torch.Tensor) -> None:
 # --------------------------------------------------------------------------- one entry point
 
 
+WHY_NOT = {
+    "weighted_ops_only": "torch's quantizers choose op by op (PT2E's X86 quantizer leaves Softmax, "
+    "LayerNorm and GELU float already; FX: `keep_float_types`)",
+    "smoothquant": "no LayerNorm feeds only Linears (post-LN residuals are left alone)",
+    "equalization": "no conv/linear pairs joined by ReLU or nothing",
+    "bias_correction": "no conv/linear layers",
+    "adaround": "no conv/linear layers",
+}
+
+
+def _apply_one(
+    name: str,
+    model: nn.Module,
+    example: Any,
+    batches: list[Any],
+    opts: RecoveryOptions,
+    skip: set[str] | None,
+) -> dict[str, Any]:
+    if name in AT_QUANTIZATION:  # the pass applies these itself, at calibration or quantization
+        applies = name != "weighted_ops_only" or opts.quantizes_onnx()
+        return {"algorithm": name, "applied": applies, "at": AT_QUANTIZATION[name]}
+    if name == "smoothquant":
+        return smooth_quant(model, batches, example, opts.smoothquant_alpha)
+    if name == "equalization":
+        return equalize(model, example)
+    if name == "adaround":
+        return adaround(model, batches, lambda m: fold_batchnorms(m, example), opts.adaround_iterations, skip)
+    if opts.bias_correction_form == "analytic":
+        return correct_bias_analytic(model, example, skip)
+    return correct_bias(model, batches, skip)
+
+
 def apply(
     model: nn.Module,
     algorithms: list[str],
     example: Any,
     batches: list[Any],
-    alpha: float = 0.5,
+    opts: RecoveryOptions | None = None,
     skip: set[str] | None = None,
-    iterations: int = 200,
-    analytic: bool = False,
 ) -> list[dict[str, Any]]:
-    """Apply ``algorithms`` to the float ``model`` in place, in the order that composes: smoothing
-    and equalization change the weights, AdaRound rounds them, bias correction then corrects what
-    rounding still costs. Returns one record per algorithm; one that found nothing to do says so
-    (and logs it)."""
+    """Apply ``algorithms`` to the float ``model`` in place (``opts``: their settings), in the order
+    that composes (:data:`ALGORITHMS`). Returns one record per algorithm; one that found nothing to do
+    says so (and logs it)."""
+    opts = opts or RecoveryOptions()
     done = []
-    order = [a for a in ("smoothquant", "equalization", "adaround", "bias_correction") if a in algorithms]
-    for name, at in AT_QUANTIZATION.items():  # the pass applies these itself
-        if name in algorithms:
-            done.append({"algorithm": name, "applied": True, "at": at})
-    for name in order:
-        if name == "smoothquant":
-            rec = smooth_quant(model, batches, example, alpha)
-        elif name == "equalization":
-            rec = equalize(model, example)
-        elif name == "adaround":
-            rec = adaround(model, batches, lambda m: fold_batchnorms(m, example), iterations, skip)
-        elif analytic:
-            rec = correct_bias_analytic(model, example, skip)
-        else:
-            rec = correct_bias(model, batches, skip)
+    for name in (a for a in ALGORITHMS if a in algorithms):
+        rec = _apply_one(name, model, example, batches, opts, skip)
         if not rec["applied"]:
-            why = {
-                "smoothquant": "no LayerNorm feeds only Linears (post-LN residuals are left alone)",
-                "equalization": "no conv/linear pairs joined by ReLU or nothing",
-                "bias_correction": "no conv/linear layers" + (" fed by a BatchNorm" if analytic else ""),
-                "adaround": "no conv/linear layers",
-            }[name]
-            rec["note"] = f"does not apply to this model: {why}"
+            why = WHY_NOT[name]
+            if name == "bias_correction" and opts.bias_correction_form == "analytic":
+                why += " fed by a BatchNorm"
+            where = "this back end" if name == "weighted_ops_only" else "this model"
+            rec["note"] = f"does not apply to {where}: {why}"
             log.info("recovery %s %s", name, rec["note"])
         done.append(rec)
     return done
@@ -662,6 +672,11 @@ class RecoveryOptions(Strict):
     def quantizes_onnx(self) -> bool:
         """Whether onnxruntime quantizes (``weighted_ops_only`` changes something there only)."""
         return False
+
+    def quantize_with(self, algorithms: list[str]) -> Self:
+        """These options as the pass quantizes after ``algorithms`` (those the back end applies
+        itself, at calibration or quantization, change them); passes override."""
+        return self
 
     @model_validator(mode="after")
     def _adaround_grid(self) -> RecoveryOptions:
@@ -719,13 +734,10 @@ def choose(
     the best is kept, every trial recorded."""
     batches = calibration_batches(loader, opts.recovery_batches)
     trials, best = [], None
-    analytic = opts.bias_correction_form == "analytic"
     for combo in candidates(model, example, opts.per_channel_weights(), opts.quantizes_onnx()):
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
-        records = apply(
-            m, combo, example, batches, opts.smoothquant_alpha, skip, opts.adaround_iterations, analytic
-        )
+        records = apply(m, combo, example, batches, opts, skip)
         try:
             value = score(m, combo)
         except Exception as exc:  # one candidate failing to build must not stop the others
@@ -760,22 +772,20 @@ def recover(
     m = copy.deepcopy(model)
     t0 = time.perf_counter()
     batches = calibration_batches(loader, opts.recovery_batches)
-    records = apply(
-        m,
-        list(opts.recovery),
-        example,
-        batches,
-        opts.smoothquant_alpha,
-        skip,
-        opts.adaround_iterations,
-        opts.bias_correction_form == "analytic",
-    )
+    records = apply(m, list(opts.recovery), example, batches, opts, skip)
     info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
     info["seconds"] = round(time.perf_counter() - t0, 2)
     if score is not None:
         info["cosine"] = round(score(m, list(opts.recovery)), 6)
         info["cosine_without"] = round(score(model, []), 6)
     return m, info
+
+
+def record_ranges(info: dict[str, Any], found: dict[str, Any] | None) -> None:
+    """Put what the range search chose per tensor (``found``) into its record of ``info.recovery``."""
+    for rec in info["applied"]:
+        if rec["algorithm"] == "range_search" and found:
+            rec.update(found)
 
 
 def verify_rounding(info: dict[str, Any] | None, found: list[torch.Tensor]) -> None:

@@ -198,7 +198,7 @@ def _recover(
         ref = torch.cat([select_output(call(model, x), ctx.output).float() for x in held])
 
     def score(candidate: nn.Module, algorithms: list[str]) -> float:
-        built = build(mode, copy.deepcopy(candidate), ctx, with_ranges(opts, algorithms), backend)
+        built = build(mode, copy.deepcopy(candidate), ctx, opts.quantize_with(algorithms), backend)
         with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
             out = torch.cat([select_output(call(built, x), ctx.output).float() for x in held])
         return compare_outputs(ref, out)["cosine_similarity"]
@@ -207,27 +207,9 @@ def _recover(
     ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
     fixed, info = recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score, kept)
     if q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
-        q = build(mode, copy.deepcopy(fixed), ctx, with_ranges(opts, info["chosen"]), backend)
-    meta = getattr(q, "meta", {})
-    found = meta.get("torchtame_ranges") or (meta.get("torchtame_normalised") or {}).get("ranges")
-    for rec in info["applied"]:
-        if rec["algorithm"] == "range_search" and found:
-            rec.update(found)
-        if rec["algorithm"] == "weighted_ops_only":
-            rec["applied"] = False
-            rec["note"] = (
-                "does not apply here: torch's quantizers choose op by op (PT2E's X86 quantizer leaves "
-                "Softmax, LayerNorm and GELU float already; FX: `keep_float_types`)"
-            )
+        q = build(mode, copy.deepcopy(fixed), ctx, opts.quantize_with(info["chosen"]), backend)
+    recovery.record_ranges(info, getattr(q, "meta", {}).get("torchtame_ranges"))
     return q, info
-
-
-def with_ranges(opts: StaticOptions, algorithms: list[str]) -> StaticOptions:
-    """The options a recovery combination builds with: ``range_search`` calibrates activations
-    with the per-tensor range search."""
-    if "range_search" not in algorithms:
-        return opts
-    return opts.model_copy(update={"activation_observer": "range_search"})
 
 
 NAME = "quantize.static"

@@ -42,6 +42,12 @@ class StaticOptions(RecoveryOptions):
     def per_channel_weights(self) -> bool:
         return self.weight_granularity == "per_channel"
 
+    def quantize_with(self, algorithms: list[str]) -> StaticOptions:
+        """``range_search`` calibrates activations with the per-tensor range search."""
+        if "range_search" not in algorithms:
+            return self
+        return self.model_copy(update={"activation_observer": "range_search"})
+
 
 def build_qconfig(opts: StaticOptions, backend: str) -> Any:
     from torch.ao.quantization import QConfig, observer

@@ -170,9 +170,10 @@ def quantize_pt2e(
             hint=f"`keep_float: [{module}]` quantizes the rest" if module else "keep that layer float",
         ) from exc
     calibrate(prepared)
-    if observer == "range_search":
-        changes["ranges"] = ranges.observed_choices(prepared)
+    chosen = ranges.observed_choices(prepared) if observer == "range_search" else None
     converted = convert_pt2e(prepared)
+    if chosen is not None:
+        converted.meta["torchtame_ranges"] = chosen
     changes["unused_float_bytes_dropped"] = drop_unused_attributes(converted)
     return converted, changes
 
