@@ -173,8 +173,33 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     rounding = {("equalization", "adaround"), ("range_search", "equalization", "adaround")}
     assert tried == expected | ranges | rounding
     none = next(t for t in rec["trials"] if t["algorithms"] == [])
-    assert rec["cosine"] == max(t["cosine"] for t in rec["trials"]) >= none["cosine"]
+    chosen = next(t for t in rec["trials"] if t["algorithms"] == rec["chosen"])
+    assert rec["cosine"] == chosen["cosine"] and rec["agreement"] == chosen["agreement"]
+    assert chosen["agreement"] >= none["agreement"]  # never a lost top-1 agreement
+    assert chosen["cosine"] >= none["cosine"] or chosen["agreement"] > none["agreement"]
+    assert rec["held_samples"] == 32 and rec["seconds"] >= sum(t["seconds"] for t in rec["trials"])
     assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
+
+
+def test_auto_keeps_a_candidate_only_where_it_wins_by_more_than_noise() -> None:
+    torch.manual_seed(0)
+    ref = torch.randn(128, 10)
+    plain = recovery.Judgement.of(ref, ref + 0.3 * torch.randn(128, 10))
+    same = recovery.Judgement.of(ref, ref + 0.3 * torch.randn(128, 10))  # as good, other draw
+    better = recovery.Judgement.of(ref, ref + 0.1 * torch.randn(128, 10))
+    assert not plain.beats(plain) and better.beats(plain) and not plain.beats(better)
+    assert not same.beats(plain) and not plain.beats(same)  # a noise-sized difference keeps the first
+    # closer to float on average, but two samples change their top-1 class: not kept
+    scores = 0.1 * torch.randn(128, 10)
+    scores[torch.arange(128), torch.randint(0, 10, (128,))] += 5  # a clear winner per sample
+    far = recovery.Judgement.of(scores, scores + 0.5 * torch.randn(128, 10))
+    out = scores + 0.1 * torch.randn(128, 10)
+    out[:2] = out[:2].roll(1, dims=-1)
+    flipped = recovery.Judgement.of(scores, out)
+    assert flipped.cosine > far.cosine and flipped.agreement < far.agreement == 1.0
+    assert not flipped.beats(far) and far.agreement is not None
+    features = recovery.Judgement.of(torch.randn(8, 4, 6), torch.randn(8, 4, 6))
+    assert features.agreement is None  # not class scores: cosine alone
 
 
 def test_listed_recovery_reports_what_does_not_apply(trained_cnn, digits, tmp_path) -> None:

@@ -16,8 +16,8 @@ from torch import nn
 from .._warnings import caught, quiet_root_logger
 from ..errors import PassError, first_line
 from ..evaluate.graph import inspect_onnx
-from ..inputs import batch_size, call, concat, repeat_batch, select_output, take
-from ..onnx_runtime import compare_outputs, feed, run_session, session
+from ..inputs import batch_size, concat, repeat_batch, select_output, take
+from ..onnx_runtime import feed, run_session, session
 from ..registry import register_pass
 from ..variant import PassContext, Variant
 from . import ranges, recovery
@@ -315,18 +315,15 @@ def _recover(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions) -> tupl
     """Accuracy recovery on the float model before export (:mod:`.recovery`); ``auto`` judges each
     candidate by its quantized ONNX model's fidelity on calibration batches held apart from the
     evaluation data."""
-    held = recovery.calibration_batches(ctx.data.calibration, 2)
-    with torch.inference_mode():
-        ref = torch.cat([select_output(call(model, x), ctx.output).float() for x in held])
+    held, ref = recovery.held_outputs(model, ctx.data.calibration, opts, ctx.output)
     trial = [0]
 
-    def score(candidate: nn.Module, algorithms: list[str]) -> float:
+    def score(candidate: nn.Module, algorithms: list[str]) -> torch.Tensor:
         trial[0] += 1
         source = _export(candidate, ctx, opts, f"trial{trial[0]}.onnx")
         q, _, _ = _quantize(source, ctx, opts.quantize_with(algorithms), f"q{trial[0]}.onnx")
         sess = session(q, "cpu")
-        out = torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held])
-        return compare_outputs(ref, out)["cosine_similarity"]
+        return torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held])
 
     ctx.progress.status(f"quantize.onnx: recovery {opts.recovery}")
-    return recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score)
+    return recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score, ref)

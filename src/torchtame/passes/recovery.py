@@ -49,7 +49,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from ..inputs import call
+from ..inputs import call, select_output
 from ..options import Strict
 from .adaround import adaround, check_integers
 
@@ -721,17 +721,68 @@ def calibration_batches(loader: Any, n: int) -> list[Any]:
     return [x for i, (x, *_) in zip(range(n), loader, strict=False)]
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """A candidate's fidelity on the held calibration batches: per-sample cosine to float and, for
+    outputs shaped (batch, classes), per-sample top-1 agreement; paired with another candidate's on
+    the same samples, they say whether a difference is more than noise."""
+
+    per_sample: torch.Tensor
+    agrees: torch.Tensor | None
+
+    @classmethod
+    def of(cls, ref: torch.Tensor, out: torch.Tensor) -> Judgement:
+        ref, out = ref.float(), out.float()
+        per = nn.functional.cosine_similarity(ref.reshape(len(ref), -1), out.reshape(len(out), -1), dim=1)
+        agrees = ref.argmax(-1) == out.argmax(-1) if ref.dim() == 2 else None
+        return cls(per, agrees)
+
+    @property
+    def cosine(self) -> float:
+        return self.per_sample.mean().item()
+
+    @property
+    def agreement(self) -> float | None:
+        return None if self.agrees is None else self.agrees.float().mean().item()
+
+    def record(self) -> dict[str, float]:
+        out = {"cosine": round(self.cosine, 6)}
+        if self.agreement is not None:
+            out["agreement"] = round(100 * self.agreement, 2)
+        return out
+
+    def beats(self, best: Judgement) -> bool:
+        """Whether this candidate replaces ``best`` by more than the held samples' noise: its mean
+        per-sample cosine gain exceeds two standard errors of the paired differences and it loses
+        no top-1 agreement on balance, or its agreement gain passes a paired sign test (McNemar,
+        two sigma) without a significant cosine loss. Ties keep ``best`` (the simpler, earlier one)."""
+        d = (self.per_sample - best.per_sample).double()
+        noise = 2 * (d.std().item() / len(d) ** 0.5 if len(d) > 1 else 0.0)
+        gain = d.mean().item()
+        won = lost = 0
+        if self.agrees is not None and best.agrees is not None:
+            won = int((self.agrees & ~best.agrees).sum())
+            lost = int((best.agrees & ~self.agrees).sum())
+        if gain > max(noise, 1e-6) and won >= lost:
+            return True
+        return won - lost > 2 * (won + lost) ** 0.5 and gain > -noise
+
+
 def choose(
     model: nn.Module,
     example: Any,
     loader: Any,
     opts: RecoveryOptions,
-    score: Callable[[nn.Module, list[str]], float],
+    score: Callable[[nn.Module, list[str]], torch.Tensor],
+    reference: torch.Tensor,
     skip: set[str] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """``recovery: auto``: build and score every candidate (``score``: fidelity of the quantized
-    model built from a float model, on calibration batches held apart from the evaluation data);
-    the best is kept, every trial recorded."""
+    """``recovery: auto``: build every candidate and judge its outputs (``score``: the quantized
+    model built from a float model, run on calibration batches held apart from the evaluation data)
+    against the float ``reference``; a candidate is kept only where it beats the best so far by
+    more than noise (:meth:`Judgement.beats`), so none is kept unless something clearly helps.
+    Every trial is recorded."""
+    t_start = time.perf_counter()
     batches = calibration_batches(loader, opts.recovery_batches)
     trials, best = [], None
     for combo in candidates(model, example, opts.per_channel_weights(), opts.quantizes_onnx()):
@@ -739,19 +790,27 @@ def choose(
         t0 = time.perf_counter()
         records = apply(m, combo, example, batches, opts, skip)
         try:
-            value = score(m, combo)
+            judged = Judgement.of(reference, score(m, combo))
         except Exception as exc:  # one candidate failing to build must not stop the others
             trials.append({"algorithms": combo, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
             continue
         seconds = round(time.perf_counter() - t0, 2)
-        trials.append({"algorithms": combo, "cosine": round(value, 6), "seconds": seconds})
-        if best is None or value > best[0] + 1e-6:  # ties keep the simpler (earlier) one
-            best = (value, combo, m, records)
+        trials.append({"algorithms": combo, **judged.record(), "seconds": seconds})
+        if best is None or judged.beats(best[0]):
+            best = (judged, combo, m, records)
     if best is None:
         raise ValueError("every recovery candidate failed: " + "; ".join(t.get("error", "") for t in trials))
-    value, combo, m, records = best
-    log.info("recovery auto chose %s (cosine %.5f on calibration batches)", combo or "none", value)
-    info = {"mode": "auto", "chosen": combo, "cosine": round(value, 6), "trials": trials, "applied": records}
+    judged, combo, m, records = best
+    log.info("recovery auto chose %s (cosine %.5f on calibration batches)", combo or "none", judged.cosine)
+    info = {
+        "mode": "auto",
+        "chosen": combo,
+        **judged.record(),
+        "held_samples": len(judged.per_sample),
+        "trials": trials,
+        "applied": records,
+        "seconds": round(time.perf_counter() - t_start, 2),
+    }
     return m, info
 
 
@@ -760,25 +819,39 @@ def recover(
     example: Any,
     loader: Any,
     opts: RecoveryOptions,
-    score: Callable[[nn.Module, list[str]], float] | None = None,
+    score: Callable[[nn.Module, list[str]], torch.Tensor] | None = None,
+    reference: torch.Tensor | None = None,
     skip: set[str] | None = None,
 ) -> tuple[nn.Module, dict[str, Any] | None]:
-    """The float model the quantizer should start from, and ``info.recovery`` (None: none asked)."""
+    """The float model the quantizer should start from, and ``info.recovery`` (None: none asked).
+    ``score`` runs the quantized model of a float model on the held batches; ``reference``: the
+    float model's outputs on them."""
     if opts.recovery == "none":
         return model, None
     if opts.recovery == "auto":
-        assert score is not None
-        return choose(model, example, loader, opts, score, skip)
+        assert score is not None and reference is not None
+        return choose(model, example, loader, opts, score, reference, skip)
     m = copy.deepcopy(model)
     t0 = time.perf_counter()
     batches = calibration_batches(loader, opts.recovery_batches)
     records = apply(m, list(opts.recovery), example, batches, opts, skip)
     info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
     info["seconds"] = round(time.perf_counter() - t0, 2)
-    if score is not None:
-        info["cosine"] = round(score(m, list(opts.recovery)), 6)
-        info["cosine_without"] = round(score(model, []), 6)
+    if score is not None and reference is not None:
+        info["cosine"] = round(Judgement.of(reference, score(m, list(opts.recovery))).cosine, 6)
+        info["cosine_without"] = round(Judgement.of(reference, score(model, [])).cosine, 6)
     return m, info
+
+
+def held_outputs(
+    model: nn.Module, loader: Any, opts: RecoveryOptions, output: Any
+) -> tuple[list[Any], torch.Tensor]:
+    """The calibration batches recovery judges candidates on (``recovery_batches`` of them, apart
+    from the evaluation data) and the float model's outputs on them."""
+    held = calibration_batches(loader, opts.recovery_batches)
+    with torch.inference_mode():
+        ref = torch.cat([select_output(call(model, x), output).float() for x in held])
+    return held, ref
 
 
 def record_ranges(info: dict[str, Any], found: dict[str, Any] | None) -> None:

@@ -193,19 +193,16 @@ def _recover(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Accuracy recovery on the float model (:mod:`..recovery`), then the int8 model built again in
     the chosen mode; fidelity is judged on calibration batches held apart from the evaluation data."""
-    held = recovery.calibration_batches(ctx.data.calibration, 2)
-    with torch.inference_mode():
-        ref = torch.cat([select_output(call(model, x), ctx.output).float() for x in held])
+    held, ref = recovery.held_outputs(model, ctx.data.calibration, opts, ctx.output)
 
-    def score(candidate: nn.Module, algorithms: list[str]) -> float:
+    def score(candidate: nn.Module, algorithms: list[str]) -> torch.Tensor:
         built = build(mode, copy.deepcopy(candidate), ctx, opts.quantize_with(algorithms), backend)
         with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
-            out = torch.cat([select_output(call(built, x), ctx.output).float() for x in held])
-        return compare_outputs(ref, out)["cosine_similarity"]
+            return torch.cat([select_output(call(built, x), ctx.output).float() for x in held])
 
     kept = set(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else set()
     ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
-    fixed, info = recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score, kept)
+    fixed, info = recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score, ref, kept)
     if q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
         q = build(mode, copy.deepcopy(fixed), ctx, opts.quantize_with(info["chosen"]), backend)
     recovery.record_ranges(info, getattr(q, "meta", {}).get("torchtame_ranges"))
