@@ -162,6 +162,46 @@ def inspect_onnx(path: str | Path) -> dict[str, Any]:
 _QDQ = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 
 
+def quantized_ranges(path: str | Path) -> dict[str, tuple[float, float]]:
+    """The activation tensors a QDQ model quantizes, with the float range each QuantizeLinear
+    represents ((qmin - zero_point) * scale, (qmax - zero_point) * scale); weights (constant
+    inputs) are left out."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name: i for i in graph.initializer}
+    out: dict[str, tuple[float, float]] = {}
+    for node in graph.node:
+        if node.op_type != "QuantizeLinear" or node.input[0] in inits or node.input[1] not in inits:
+            continue
+        scale = float(numpy_helper.to_array(inits[node.input[1]]).reshape(-1)[0])
+        zp = inits.get(node.input[2]) if len(node.input) > 2 else None
+        zero = numpy_helper.to_array(zp) if zp is not None else None
+        signed = zero is not None and zero.dtype.kind == "i"
+        qmin, qmax = (-128, 127) if signed else (0, 255)
+        z = float(zero.reshape(-1)[0]) if zero is not None else 0.0
+        out[node.input[0]] = (round((qmin - z) * scale, 6), round((qmax - z) * scale, 6))
+    return out
+
+
+def qdq_changes(parent: str | Path, child: str | Path, tolerance: float = 0.01) -> dict[str, Any]:
+    """Where two QDQ models of one float model quantize activations differently: tensors only the
+    parent quantizes (now float), tensors only the child quantizes, and tensors whose range moved
+    by more than ``tolerance`` of its width."""
+    a, b = quantized_ranges(parent), quantized_ranges(child)
+    moved = {}
+    for t in a.keys() & b.keys():
+        width = max(a[t][1] - a[t][0], 1e-12)
+        if max(abs(a[t][0] - b[t][0]), abs(a[t][1] - b[t][1])) > tolerance * width:
+            moved[t] = {"parent": list(a[t]), "child": list(b[t])}
+    return {
+        "now_float": sorted(a.keys() - b.keys()),
+        "newly_quantized": {t: list(b[t]) for t in sorted(b.keys() - a.keys())},
+        "range_moved": dict(sorted(moved.items())),
+    }
+
+
 def _feeders(graph: Any, producer: dict[str, Any], name: str) -> list[str]:
     """The non-weight ops between a weight node and the weight ops (or graph inputs) before it
     (concatenations, reshapes, ...): excluding a node from quantization keeps its input in float

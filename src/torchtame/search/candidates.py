@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..evaluate.graph import qdq_changes
 from ..passes.export import NAME as ONNX_EXPORT
 from ..passes.export import OnnxOptions
 from ..passes.finetune import NAME as FINETUNE
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchtame")
 
 Spec = tuple[str, str, str, Any]  # name, pass, parent, options
+# a candidate with more layers float that scores lower than this below its parent is a finding
+COSINE_NOISE = 1e-3
+POINTS_NOISE = 1.0  # top-1 or agreement, in points
 
 
 def figure(search: Search, entry: dict[str, Any]) -> float:
@@ -157,13 +161,63 @@ class OnnxInt8:
             )
             return
         feeders = (info_of(entry).get("graph") or {}).get("feeders") or {}
+        parent = self.name(method), entry
         for k in range(1, min(s.cfg.max_float_layers, len(nodes)) + 1):
             # the node's input stays float only if its feeders (concat, reshape, ...) are excluded too
             excluded = list(dict.fromkeys(n for node in nodes[:k] for n in [node, *feeders.get(node, [])]))
             name = f"{self.name(method)}-float{k}"
-            _, reasons = s.step(name, ONNX_QUANTIZE, self.twin, self.options(s, method, excluded))
+            child, reasons = s.step(name, ONNX_QUANTIZE, self.twin, self.options(s, method, excluded))
+            if child["status"] == "ok":
+                self.explain_loss(s, parent, (name, child), excluded)
+                parent = name, child
             if not reasons:
                 return
+
+    def explain_loss(
+        self,
+        s: Search,
+        parent: tuple[str, dict[str, Any]],
+        child: tuple[str, dict[str, Any]],
+        excluded: list[str],
+    ) -> None:
+        """Where keeping more nodes float lowered the ranking figure by more than noise, record it
+        (``search.float_lowered``, one warning line) with what changed in the activations' Q/DQ
+        between the two models, so the surprise says where it comes from."""
+        before, after = figure(s, parent[1]), figure(s, child[1])
+        if after >= before - (COSINE_NOISE if s.metric == "cosine" else POINTS_NOISE):
+            return
+        record: dict[str, Any] = {
+            "candidate": child[0],
+            "parent": parent[0],
+            "metric": s.metric,
+            "before": before,
+            "after": after,
+            "excluded": excluded,
+        }
+        paths = [getattr(s.runner.variants.get(n), "onnx_path", None) for n in (parent[0], child[0])]
+        if all(paths):
+            changes = qdq_changes(*paths)
+            record["qdq_changes"] = changes
+            others = len(changes["newly_quantized"]) + len(changes["range_moved"])
+            record["why"] = (
+                f"keeping {len(excluded)} node(s) float moved the quantization of {others} other "
+                "activation tensor(s) (newly_quantized, range_moved)"
+                if others
+                else "no activation outside the excluded nodes changed its Q/DQ: the difference is "
+                "in the excluded nodes themselves (float weights and outputs) or noise of the "
+                "evaluation data"
+            )
+        s.info.setdefault("float_lowered", []).append(record)
+        log.warning(
+            "search: %s (%s float) has %s %.4g against %.4g for %s: %s",
+            child[0],
+            ", ".join(excluded),
+            s.metric,
+            after,
+            before,
+            parent[0],
+            record.get("why", "no ONNX files to compare"),
+        )
 
     def sensitive_nodes(self, s: Search, entry: dict[str, Any]) -> list[str]:
         """ONNX node names of the most quantization-sensitive torch layers: the k-th weight node of
