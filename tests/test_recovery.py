@@ -373,3 +373,9 @@ def test_keeping_a_node_float_never_costs_more_than_noise(tmp_path) -> None:
         S, ("p", entry), ("c", {**entry, "accuracy": {"cosine_similarity": 0.9895}}), []
     )
     assert len(S.info["float_lowered"]) == 1  # within noise: nothing recorded
+    from torchtame.report.markdown import selection_lines
+
+    setting = {"device": "cpu", "batch_size": 1}
+    sel = {"constraints": {}, "latency_setting": setting, "chosen": None, "best_found": "p", "candidates": []}
+    (line,) = [x for x in selection_lines({"selection": sel, "search": S.info}) if "against" in x]
+    assert "`c` (1 node(s) float) has cosine 0.96 against 0.99 for `p`: no activation outside" in line

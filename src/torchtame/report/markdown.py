@@ -223,6 +223,12 @@ def selection_lines(results: dict[str, Any]) -> list[str]:
         items.append(f"`{v['name']}`: {mark}")
     for stop in (results.get("search") or {}).get("stopped", []):
         items.append(f"search, {stop['family']}: stopped early: {stop['reason']}")
+    for low in (results.get("search") or {}).get("float_lowered", []):
+        items.append(
+            f"`{low['candidate']}` ({len(low['excluded'])} node(s) float) has {low['metric']} "
+            f"{low['after']:.4g} against {low['before']:.4g} for `{low['parent']}`: "
+            + low.get("why", "no ONNX files to compare")
+        )
     return items
 
 
