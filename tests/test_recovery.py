@@ -48,6 +48,43 @@ def test_equalization_keeps_the_float_function_and_evens_the_ranges() -> None:
     assert _relative_change(model, eq, x) < 1e-4
 
 
+def _wasted_grid(layer: nn.Module, model: nn.Module, x: torch.Tensor) -> float:
+    """Mean over channels of the share of [0, max] below the channel's lowest value in ``layer``'s
+    output: what a ReLU after it wastes of its int8 grid (equalization's scaling leaves it alone)."""
+    seen = []
+    hook = layer.register_forward_hook(lambda mod, args, out: seen.append(out.detach()))
+    with torch.no_grad():
+        model(x)
+    hook.remove()
+    y = seen[0].transpose(0, 1).flatten(1)
+    return (y.amin(1).clamp_min(0) / y.amax(1).clamp_min(1e-12)).mean().item()
+
+
+def test_equalization_absorbs_high_biases_where_the_next_layer_takes_them_exactly() -> None:
+    from torchvision.models.resnet import Bottleneck
+
+    model, data = _vision("resnet50")  # bottlenecks: 3x3 conv -> BN -> ReLU -> 1x1 conv
+    with torch.no_grad():  # trained BatchNorms shift what a ReLU sees upwards; fresh ones do not
+        for block in model.modules():
+            if isinstance(block, Bottleneck):
+                block.bn2.bias.uniform_(2, 5)
+    calibration = [x for x, _ in data.calibration]
+    x = torch.cat([x for x, _ in data.evaluation])
+    eq = copy.deepcopy(model)
+    rec = recovery.equalize(eq, data.example_input(1), batches=calibration)
+    absorbed = rec["bias_absorption"]
+    assert absorbed["applied"] >= 6 and absorbed["channels"] > 300  # into the exact 1x1 conv3s
+    assert absorbed["skipped_padded"] == 16  # conv1 -> conv2 (3x3, padded): never approximated
+    assert _relative_change(model, eq, x) < 1e-4  # the float function, on inputs it never saw
+    # what the ReLU before each 1x1 conv3 gets now starts nearer 0 (bn2 is folded into conv2 in eq)
+    blocks = [n for n, m in model.named_modules() if isinstance(m, Bottleneck)]
+    wasted = [
+        [_wasted_grid(m.get_submodule(f"{b}.bn2"), m, calibration[0]) for b in blocks] for m in (model, eq)
+    ]
+    lower = sum(after < before - 1e-6 for before, after in zip(*wasted, strict=True))
+    assert lower == absorbed["applied"] and sum(wasted[1]) < sum(wasted[0])
+
+
 def test_equalization_refuses_relu6_and_fused_norm_activations() -> None:
     import timm
 

@@ -9,7 +9,9 @@ FX, PT2E and onnxruntime all keep the gain (``recovery:`` of ``quantize.static``
   s_i = sqrt(r1_i / r2_i) from the channels' weight ranges: both ranges become sqrt(r1_i r2_i), so
   per-channel int8 loses less on the narrow ones. ReLU(x / s) = ReLU(x) / s for s > 0, so the float
   function is kept exactly; ReLU6, Hardswish, SiLU and the like are not scale-equivariant, and
-  such pairs are reported, never scaled.
+  such pairs are reported, never scaled. Then high-bias absorption: through a ReLU, what the
+  first layer's output never goes below on calibration data moves into the second layer's bias,
+  where that layer takes a constant exactly (no padding).
 - ``bias_correction`` (empirical): each layer's bias absorbs the mean output error that rounding
   its weights to per-channel symmetric int8 causes on calibration data, E[(W - Q(W)) x], so the
   int8 layer's outputs are right on average.
@@ -304,7 +306,9 @@ def _factors(model: nn.Module, p: Pair) -> torch.Tensor:
     return torch.where((r1 > 0) & (r2 > 0), s, torch.ones_like(s))
 
 
-def equalize(model: nn.Module, example: Any, iterations: int = 4) -> dict[str, Any]:
+def equalize(
+    model: nn.Module, example: Any, iterations: int = 4, batches: list[Any] | None = None
+) -> dict[str, Any]:
     """Cross-layer equalization in place; returns what was done. Each pair is checked once on the
     example: where the first layer's output also reaches something else (a residual add, which
     hooks cannot see), scaling would change the model, so that pair is put back and left alone."""
@@ -331,6 +335,7 @@ def equalize(model: nn.Module, example: Any, iterations: int = 4) -> dict[str, A
         for _ in range(iterations - 1):
             for p in kept:
                 _scale_pair(model, p, _factors(model, p))
+    absorbed = absorb_high_biases(model, kept, batches or [example])
     change = (_output(model, example) - reference).abs().max() / reference.abs().max().clamp_min(1e-12)
     error = change.item()
     return {
@@ -340,8 +345,75 @@ def equalize(model: nn.Module, example: Any, iterations: int = 4) -> dict[str, A
         "pairs": [f"{p.first} -> {p.second}" for p in kept][:50],
         "skipped": skipped[:50],
         "channel_range_spread": {"before": spread_before, "after": _range_spread(model, kept)},
+        "bias_absorption": absorbed,
         "float_output_change": round(error, 8),
     }
+
+
+SIGMAS = 5  # high-bias absorption: the floor is the calibration minimum or mean - 5 std, the lower
+
+
+def _exact_absorber(layer: nn.Module) -> bool:
+    """Whether a constant added to this layer's input can move into its bias exactly: a Linear,
+    or a plain convolution without padding (a padded one, or a subclass that pads in forward,
+    would see the constant inside the image and zeros at its borders)."""
+    if type(layer) is nn.Linear:
+        return True
+    if type(layer) not in (nn.Conv1d, nn.Conv2d) or layer.padding == "same":
+        return False
+    return layer.padding == "valid" or all(p == 0 for p in layer.padding)
+
+
+def absorb_high_biases(model: nn.Module, pairs: list[Pair], batches: list[Any]) -> dict[str, Any]:
+    """High-bias absorption (Nagel et al. 2019), after equalization: where a ReLU joins a pair,
+    output channel i of the first layer is taken never to go below c_i (the lower of its minimum
+    on the calibration batches and mean - 5 std, never below 0); c_i leaves the first layer's bias
+    and enters the second's (W2 c), since ReLU(y) = ReLU(y - c) + c for y >= c. The ReLU's output
+    range then starts nearer 0 instead of wasting [0, c) of the int8 grid. The paper's
+    c = beta - 3 gamma clips values that do occur: on a ResNet-50 (32x32 inputs) it moved held-apart
+    outputs by 0.6% of their range, the calibration minimum alone by 2.2%, this floor by < 1e-5.
+    Only where the second layer takes a constant exactly (no padding); the rest are counted."""
+    mods = dict(model.named_modules())
+    relu = [p for p in pairs if p.act is not None and isinstance(_module(mods, p.act), nn.ReLU)]
+    exact = [p for p in relu if _exact_absorber(model.get_submodule(p.second))]
+    if not exact:
+        return {"applied": 0, "skipped_padded": len(relu) - len(exact)}
+    firsts = {p.first: model.get_submodule(p.first) for p in exact}
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def watch(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+            y = output.detach().float().transpose(0, 1).flatten(1)
+            seen.setdefault(name, []).append(torch.stack([y.amin(1), y.sum(1), (y * y).sum(1)]))
+            seen[name][-1][1:] /= y.shape[1]  # per-batch mean and mean square (equal batches)
+
+        return record
+
+    hooks = [m.register_forward_hook(watch(n)) for n, m in firsts.items()]
+    try:
+        with torch.no_grad():
+            for x in batches:
+                call(model, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    moved = channels = 0
+    with torch.no_grad():
+        for p in exact:
+            stats = torch.stack(seen[p.first])
+            mean, square = stats[:, 1].mean(0), stats[:, 2].mean(0)
+            floor = mean - SIGMAS * (square - mean**2).clamp_min(0).sqrt()
+            c = torch.minimum(stats[:, 0].amin(0), floor).clamp_min(0)
+            a, b = firsts[p.first], model.get_submodule(p.second)
+            if a.bias is None or not bool((c > 0).any()):
+                continue
+            a.bias.sub_(c)
+            w = b.weight if isinstance(b, nn.Linear) else b.weight.flatten(2).sum(2)  # (out, in)
+            depthwise = not isinstance(b, nn.Linear) and b.groups > 1
+            _add_to_bias(b, w[:, 0] * c if depthwise else w @ c)
+            moved += 1
+            channels += int((c > 0).sum())
+    return {"applied": moved, "channels": channels, "skipped_padded": len(relu) - len(exact)}
 
 
 def _range_spread(model: nn.Module, pairs: list[Pair]) -> float | None:
@@ -604,7 +676,7 @@ def _apply_one(
     if name == "smoothquant":
         return smooth_quant(model, batches, example, opts.smoothquant_alpha)
     if name == "equalization":
-        return equalize(model, example)
+        return equalize(model, example, batches=batches)
     if name == "adaround":
         return adaround(model, batches, lambda m: fold_batchnorms(m, example), opts.adaround_iterations, skip)
     if opts.bias_correction_form == "analytic":
