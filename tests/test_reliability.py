@@ -528,7 +528,9 @@ def test_results_json_is_never_half_written(tmp_path: Path) -> None:
 
 def test_same_recipe_and_seed_give_the_same_accuracy(tmp_path: Path) -> None:
     steps = [
-        {"name": "int8", "pass": "quantize.static"},
+        # mode auto picks FX or PT2E partly by measured speed, which a loaded machine can flip (and
+        # with it the figures); the seeds are what this test is about, so the mode is fixed
+        {"name": "int8", "pass": "quantize.static", "options": {"mode": "fx"}},
         {"name": "pruned", "pass": "prune.structured", "options": {"ratio": 0.5, "importance": "random"}},
         {"name": "pruned-ft", "from": "pruned", "pass": "finetune", "options": {"epochs": 1}},
     ]
