@@ -27,6 +27,7 @@ SECTIONS = {
     "compression": "compression",
     "recovery": "recovery",
     "transformer_int8": "transformer_int8",
+    "auto_vs_search": "auto_vs_search",
 }
 
 
