@@ -204,11 +204,11 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     options = {"mode": "fx", "recovery": "auto", "adaround_iterations": 10}
     v = apply_pass("quantize.static", model, data, options)
     rec = v.info["recovery"]
-    tried = {tuple(t["algorithms"]) for t in rec["trials"]}
-    expected = {(), ("bias_correction",), ("equalization",), ("equalization", "bias_correction")}
-    ranges = {("range_search",), ("range_search", "bias_correction"), ("range_search", "equalization")}
-    rounding = {("equalization", "adaround"), ("range_search", "equalization", "adaround")}
-    assert tried == expected | ranges | rounding
+    first = [t["algorithms"] for t in rec["trials"] if t["stage"] == 1]
+    alone = [["range_search"], ["bias_correction"], ["equalization"], ["equalization", "adaround"]]
+    assert first == [[], *alone]  # none, then each change alone
+    second = [t["algorithms"] for t in rec["trials"] if t["stage"] == 2]
+    assert second == recovery.combinations(rec["beat_none_alone"], first)  # only of what helped alone
     none = next(t for t in rec["trials"] if t["algorithms"] == [])
     chosen = next(t for t in rec["trials"] if t["algorithms"] == rec["chosen"])
     assert rec["cosine"] == chosen["cosine"] and rec["agreement"] == chosen["agreement"]
@@ -216,6 +216,19 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     assert chosen["cosine"] >= none["cosine"] or chosen["agreement"] > none["agreement"]
     assert rec["held_samples"] == 32 and rec["seconds"] >= sum(t["seconds"] for t in rec["trials"])
     assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
+
+
+def test_auto_combines_only_what_helped_alone() -> None:
+    rs, bc, rounding = ["range_search"], ["bias_correction"], ["equalization", "adaround"]
+    assert recovery.combinations([rs], [[], rs]) == []
+    assert recovery.combinations([rs, bc, rounding], [[], rs, bc, rounding]) == [
+        ["range_search", "bias_correction"],
+        ["range_search", "equalization", "adaround"],
+        ["equalization", "adaround", "bias_correction"],  # bias correction after the rounding
+        ["range_search", "equalization", "adaround", "bias_correction"],
+    ]
+    # equalization alone and with AdaRound: together they are what was tried already
+    assert recovery.combinations([["equalization"], rounding], [[], ["equalization"], rounding]) == []
 
 
 def test_auto_keeps_a_candidate_only_where_it_wins_by_more_than_noise() -> None:

@@ -719,9 +719,9 @@ class RecoveryOptions(Strict):
     recovery: list[Algorithm] | Literal["auto", "none"] = Field(
         "none",
         description="Accuracy recovery applied to the float model before quantizing: a list of "
-        "range_search, equalization, bias_correction, smoothquant, adaround; `auto` tries those that "
-        "apply and keeps the one with the best fidelity on calibration batches (never worse than "
-        "none); `none`.",
+        "range_search, weighted_ops_only, equalization, bias_correction, smoothquant, adaround; `auto` "
+        "tries each that applies alone, then combinations of those that helped alone, and keeps the "
+        "best on held calibration batches where it beats none by more than noise; `none`.",
     )
     smoothquant_alpha: float = Field(0.5, ge=0, le=1, description="SmoothQuant's migration strength.")
     bias_correction_form: Literal["empirical", "analytic"] = Field(
@@ -760,32 +760,38 @@ class RecoveryOptions(Strict):
         return self
 
 
-def candidates(
-    model: nn.Module, example: Any, per_channel: bool = True, onnx: bool = False
-) -> list[list[str]]:
-    """The combinations ``recovery: auto`` tries on this model (each applicable one alone, then
-    with bias correction after it, range search with the weight changes); none first, so nothing
-    worse than none is ever kept."""
-    out: list[list[str]] = [[], ["range_search"], ["bias_correction"], ["range_search", "bias_correction"]]
+def units(model: nn.Module, example: Any, per_channel: bool = True, onnx: bool = False) -> list[list[str]]:
+    """The single changes ``recovery: auto`` tries on this model first, each that applies (AdaRound
+    with equalization before it, where there are pairs, counts as one)."""
+    out: list[list[str]] = [["range_search"], ["bias_correction"]]
     mods = dict(model.named_modules())
     fed = _consumers(_trace_modules(model, example), mods)  # one trace serves both questions
     pairs, _ = find_pairs(model, example, fed)
     if pairs:
-        out += [["equalization"], ["equalization", "bias_correction"], ["range_search", "equalization"]]
+        out.append(["equalization"])
     norms = any(isinstance(m, nn.LayerNorm) and fed.get(n) for n, m in mods.items())
     if norms:
-        out += [["smoothquant"], ["smoothquant", "bias_correction"], ["range_search", "smoothquant"]]
+        out.append(["smoothquant"])
     if onnx and norms:  # Transformers: onnxruntime's quantized Softmax/LayerNorm/GELU inputs
-        out += [
-            ["weighted_ops_only"],
-            ["range_search", "weighted_ops_only"],
-            ["weighted_ops_only", "smoothquant"],
-        ]
+        out.append(["weighted_ops_only"])
     weighted = [m for m in mods.values() if isinstance(m, WEIGHTED)]
     convs = [m for m in weighted if isinstance(m, (nn.Conv1d, nn.Conv2d))]
     if per_channel and 2 * len(convs) > len(weighted):  # rounding gains most on convolutional models
-        rounding = ["equalization", "adaround"] if pairs else ["adaround"]
-        out += [rounding, ["range_search", *rounding]]
+        out.append(["equalization", "adaround"] if pairs else ["adaround"])
+    return out
+
+
+def combinations(winners: list[list[str]], tried: list[list[str]]) -> list[list[str]]:
+    """Stage two of ``auto``: every pair of the units that beat none alone, and all of them
+    together, each in composition order, leaving out what was tried already."""
+    merged = [[*a, *b] for i, a in enumerate(winners) for b in winners[i + 1 :]]
+    if len(winners) > 2:
+        merged.append([a for unit in winners for a in unit])
+    out: list[list[str]] = []
+    for combo in merged:
+        ordered = [a for a in ALGORITHMS if a in combo]
+        if ordered not in tried and ordered not in out:
+            out.append(ordered)
     return out
 
 
@@ -849,27 +855,46 @@ def choose(
     reference: torch.Tensor,
     skip: set[str] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """``recovery: auto``: build every candidate and judge its outputs (``score``: the quantized
-    model built from a float model, run on calibration batches held apart from the evaluation data)
-    against the float ``reference``; a candidate is kept only where it beats the best so far by
-    more than noise (:meth:`Judgement.beats`), so none is kept unless something clearly helps.
-    Every trial is recorded."""
+    """``recovery: auto`` in two stages: none and each single change (:func:`units`), then only
+    combinations of the changes that beat none alone (:func:`combinations`), rather than every
+    combination. Each candidate's quantized model (``score``: built from a float model, run on
+    calibration batches held apart from the evaluation data) is judged against the float
+    ``reference``; one replaces the best so far only where it wins by more than noise
+    (:meth:`Judgement.beats`), so none is kept unless something clearly helps. Every trial is
+    recorded with its stage."""
     t_start = time.perf_counter()
     batches = calibration_batches(loader, opts.recovery_batches)
-    trials, best = [], None
-    for combo in candidates(model, example, opts.per_channel_weights(), opts.quantizes_onnx()):
+    trials: list[dict[str, Any]] = []
+    best: tuple[Judgement, list[str], nn.Module, list[dict[str, Any]]] | None = None
+    none: Judgement | None = None
+    winners: list[list[str]] = []
+
+    def trial(combo: list[str], stage: int) -> None:
+        nonlocal best, none
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         records = apply(m, combo, example, batches, opts, skip)
         try:
             judged = Judgement.of(reference, score(m, combo))
         except Exception as exc:  # one candidate failing to build must not stop the others
-            trials.append({"algorithms": combo, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
-            continue
+            trials.append(
+                {"algorithms": combo, "stage": stage, "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+            )
+            return
         seconds = round(time.perf_counter() - t0, 2)
-        trials.append({"algorithms": combo, **judged.record(), "seconds": seconds})
+        trials.append({"algorithms": combo, "stage": stage, **judged.record(), "seconds": seconds})
+        if not combo:
+            none = judged
+        elif stage == 1 and none is not None and judged.beats(none):
+            winners.append(combo)
         if best is None or judged.beats(best[0]):
             best = (judged, combo, m, records)
+
+    single = units(model, example, opts.per_channel_weights(), opts.quantizes_onnx())
+    for combo in [[], *single]:
+        trial(combo, 1)
+    for combo in combinations(winners, [t["algorithms"] for t in trials]):
+        trial(combo, 2)
     if best is None:
         raise ValueError("every recovery candidate failed: " + "; ".join(t.get("error", "") for t in trials))
     judged, combo, m, records = best
@@ -879,6 +904,7 @@ def choose(
         "chosen": combo,
         **judged.record(),
         "held_samples": len(judged.per_sample),
+        "beat_none_alone": winners,
         "trials": trials,
         "applied": records,
         "seconds": round(time.perf_counter() - t_start, 2),
