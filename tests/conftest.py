@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,52 @@ from torchtame.training import train
 from torchtame.zoo import digits_cnn, digits_mlp
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# pytest -n N (pyproject's default, pytest-xdist): the cores are shared out among the workers, so
+# no test oversubscribes them; a test marked `serial` (timings, memory peaks) gets the machine to
+# itself and every core while it runs (see pytest_runtest_protocol below)
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = torch.get_num_threads()
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(max(1, THREADS // WORKERS))
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # for the subprocesses tests start
+
+
+@contextlib.contextmanager
+def _share(exclusive: bool) -> Iterator[None]:
+    """A readers-writer lock over the workers of this run: every test holds it shared, a serial
+    test exclusively; the gate stops new readers while a writer waits, so it is not starved."""
+    import fcntl
+
+    base = Path(tempfile.gettempdir()) / f"torchtame-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'one')}"
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """Under pytest -n: each test's whole protocol (session fixtures it sets up included) holds the
+    machine shared, a serial test exclusively and with every core."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return (yield)
+    serial = item.get_closest_marker("serial") is not None
+    with _share(serial):
+        before = torch.get_num_threads()
+        if serial:
+            torch.set_num_threads(THREADS)
+        try:
+            return (yield)
+        finally:
+            torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@ from torchtame import run
 
 from .conftest import tiny_recipe
 
+pytestmark = pytest.mark.serial  # timings / memory peaks: nothing else may run beside them
+
 FAST = {"batch_sizes": [1, 32], "warmup": 1, "min_runs": 3, "min_time_s": 0}
 
 
