@@ -317,6 +317,11 @@ def test_range_search_in_every_back_end(trained_cnn, digits, tmp_path) -> None:
     assert before.keys() == after.keys()
     narrowed = [k for k in before if after[k] < 0.99 * before[k]]  # the overrides reached the model
     assert len(narrowed) >= searched.info["ranges"]["narrowed"] // 2, (before, after)
+    options = {"recovery": ["range_search"]}
+    listed = apply_pass("quantize.onnx", trained_cnn, digits, options, work_dir=tmp_path)
+    assert listed.info["calibration_method"] == "RangeSearch"  # what calibrated, not what was asked
+    assert listed.info["calibration_method_asked"] == "MinMax"
+    assert "calibration_method_asked" not in plain.info
 
 
 def test_weighted_ops_only_keeps_transformer_softmax_inputs_float(tmp_path) -> None:

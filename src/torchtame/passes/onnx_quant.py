@@ -184,13 +184,15 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         "mode": opts.mode,
         "format": opts.format,
         "per_channel": opts.per_channel,
-        "calibration_method": opts.calibration_method if opts.mode == "static" else None,
+        "calibration_method": used.calibration_method if opts.mode == "static" else None,  # as used
         "op_types_quantized": used.op_types_to_quantize or "all",
         **({"ranges": searched} if searched else {}),
         "calibration_samples_repeated": repeated if opts.mode == "static" else None,
         "nodes_excluded": opts.nodes_to_exclude,
         "graph": inspect_onnx(out),
     }
+    if used.calibration_method != opts.calibration_method and opts.mode == "static":
+        info["calibration_method_asked"] = opts.calibration_method
     if recovered is not None:
         recovery.verify_rounding(recovered, onnx_int8_weights(out))
         recovery.record_ranges(recovered, searched)

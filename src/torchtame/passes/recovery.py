@@ -281,6 +281,18 @@ def _output(model: nn.Module, example: Any) -> torch.Tensor:
         return torch.cat([t.float().flatten() for _, t in output_items(call(model, example))])
 
 
+def _observe(model: nn.Module, watched: dict[str, Callable[..., Any]], batches: list[Any]) -> None:
+    """Run ``batches`` through ``model`` with a forward hook on each named module (removed after)."""
+    hooks = [model.get_submodule(name).register_forward_hook(hook) for name, hook in watched.items()]
+    try:
+        with torch.no_grad():
+            for x in batches:
+                call(model, x)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def _snapshot(modules: list[nn.Module]) -> list[dict[str, torch.Tensor]]:
     return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
 
@@ -389,14 +401,7 @@ def absorb_high_biases(model: nn.Module, pairs: list[Pair], batches: list[Any]) 
 
         return record
 
-    hooks = [m.register_forward_hook(watch(n)) for n, m in firsts.items()]
-    try:
-        with torch.no_grad():
-            for x in batches:
-                call(model, x)
-    finally:
-        for h in hooks:
-            h.remove()
+    _observe(model, {n: watch(n) for n in firsts}, batches)
     moved = channels = 0
     with torch.no_grad():
         for p in exact:
@@ -594,7 +599,6 @@ def smooth_quant(model: nn.Module, batches: list[Any], example: Any, alpha: floa
     if not groups:
         return {"algorithm": "smoothquant", "applied": 0, "alpha": alpha}
     act_max: dict[str, torch.Tensor] = {}
-    hooks = []
 
     def hook(name: str) -> Callable[..., None]:
         def record(module: nn.Module, args: Any, output: Any) -> None:
@@ -603,15 +607,7 @@ def smooth_quant(model: nn.Module, batches: list[Any], example: Any, alpha: floa
 
         return record
 
-    for ln in groups:
-        hooks.append(mods[ln].register_forward_hook(hook(ln)))
-    try:
-        with torch.no_grad():
-            for x in batches:
-                call(model, x)
-    finally:
-        for h in hooks:
-            h.remove()
+    _observe(model, {ln: hook(ln) for ln in groups}, batches)
     reference = _output(model, example)
     tolerance = 1e-4 * reference.abs().max().clamp_min(1e-12)
     smoothed, skipped = {}, []
@@ -873,10 +869,10 @@ def choose(
         nonlocal best, none
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
-        records = apply(m, combo, example, batches, opts, skip)
         try:
+            records = apply(m, combo, example, batches, opts, skip)
             judged = Judgement.of(reference, score(m, combo))
-        except Exception as exc:  # one candidate failing to build must not stop the others
+        except Exception as exc:  # one candidate failing to apply or build must not stop the others
             trials.append(
                 {"algorithms": combo, "stage": stage, "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
             )
