@@ -33,11 +33,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 @contextlib.contextmanager
 def _share(exclusive: bool) -> Iterator[None]:
-    """A readers-writer lock over the workers of this run: every test holds it shared, a serial
-    test exclusively; the gate stops new readers while a writer waits, so it is not starved."""
+    """A readers-writer lock over the test workers (of every run by this user at once: another
+    run's load would disturb a timing too): every test holds it shared, a serial test exclusively;
+    the gate stops new readers while a writer waits, so it is not starved."""
     import fcntl
 
-    base = Path(tempfile.gettempdir()) / f"torchtame-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'one')}"
+    base = Path(tempfile.gettempdir()) / f"torchtame-tests-{os.getuid()}"
     with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)

@@ -328,4 +328,4 @@ def _recover(model: nn.Module, ctx: PassContext, opts: OnnxQuantOptions) -> tupl
         return torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held])
 
     ctx.progress.status(f"quantize.onnx: recovery {opts.recovery}")
-    return recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score, ref)
+    return recovery.recover(model, ctx.example_input, held, opts, score, ref)

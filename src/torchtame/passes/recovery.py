@@ -389,15 +389,14 @@ def absorb_high_biases(model: nn.Module, pairs: list[Pair], batches: list[Any]) 
     relu = [p for p in pairs if p.act is not None and isinstance(_module(mods, p.act), nn.ReLU)]
     exact = [p for p in relu if _exact_absorber(model.get_submodule(p.second))]
     if not exact:
-        return {"applied": 0, "skipped_padded": len(relu) - len(exact)}
+        return {"applied": 0, "channels": 0, "skipped_padded": len(relu)}
     firsts = {p.first: model.get_submodule(p.first) for p in exact}
     seen: dict[str, list[torch.Tensor]] = {}
 
     def watch(name: str) -> Callable[..., None]:
         def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-            y = output.detach().float().transpose(0, 1).flatten(1)
-            seen.setdefault(name, []).append(torch.stack([y.amin(1), y.sum(1), (y * y).sum(1)]))
-            seen[name][-1][1:] /= y.shape[1]  # per-batch mean and mean square (equal batches)
+            y = output.detach().float().transpose(0, 1).flatten(1)  # channel, values
+            seen.setdefault(name, []).append(torch.stack([y.amin(1), y.mean(1), (y * y).mean(1)]))
 
         return record
 
@@ -406,7 +405,7 @@ def absorb_high_biases(model: nn.Module, pairs: list[Pair], batches: list[Any]) 
     with torch.no_grad():
         for p in exact:
             stats = torch.stack(seen[p.first])
-            mean, square = stats[:, 1].mean(0), stats[:, 2].mean(0)
+            mean, square = stats[:, 1].mean(0), stats[:, 2].mean(0)  # over equal batches
             floor = mean - SIGMAS * (square - mean**2).clamp_min(0).sqrt()
             c = torch.minimum(stats[:, 0].amin(0), floor).clamp_min(0)
             a, b = firsts[p.first], model.get_submodule(p.second)
@@ -849,7 +848,7 @@ class Judgement:
 def choose(
     model: nn.Module,
     example: Any,
-    loader: Any,
+    batches: list[Any],
     opts: RecoveryOptions,
     score: Callable[[nn.Module, list[str]], torch.Tensor],
     reference: torch.Tensor,
@@ -863,7 +862,6 @@ def choose(
     (:meth:`Judgement.beats`), so none is kept unless something clearly helps. Every trial is
     recorded with its stage."""
     t_start = time.perf_counter()
-    batches = calibration_batches(loader, opts.recovery_batches)
     trials: list[dict[str, Any]] = []
     best: tuple[Judgement, list[str], nn.Module, list[dict[str, Any]]] | None = None
     none: Judgement | None = None
@@ -915,23 +913,23 @@ def choose(
 def recover(
     model: nn.Module,
     example: Any,
-    loader: Any,
+    batches: list[Any],
     opts: RecoveryOptions,
     score: Callable[[nn.Module, list[str]], torch.Tensor] | None = None,
     reference: torch.Tensor | None = None,
     skip: set[str] | None = None,
 ) -> tuple[nn.Module, dict[str, Any] | None]:
     """The float model the quantizer should start from, and ``info.recovery`` (None: none asked).
-    ``score`` runs the quantized model of a float model on the held batches; ``reference``: the
-    float model's outputs on them."""
+    ``batches``: the held calibration batches (:func:`held_outputs`) that the algorithms read and
+    ``score`` runs the quantized model of a float model on; ``reference``: the float model's
+    outputs on them."""
     if opts.recovery == "none":
         return model, None
     if opts.recovery == "auto":
         assert score is not None and reference is not None
-        return choose(model, example, loader, opts, score, reference, skip)
+        return choose(model, example, batches, opts, score, reference, skip)
     m = copy.deepcopy(model)
     t0 = time.perf_counter()
-    batches = calibration_batches(loader, opts.recovery_batches)
     records = apply(m, list(opts.recovery), example, batches, opts, skip)
     info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
     info["seconds"] = round(time.perf_counter() - t0, 2)

@@ -202,7 +202,7 @@ def _recover(
 
     kept = set(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else set()
     ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
-    fixed, info = recovery.recover(model, ctx.example_input, ctx.data.calibration, opts, score, ref, kept)
+    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, ref, kept)
     if q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
         q = build(mode, copy.deepcopy(fixed), ctx, opts.quantize_with(info["chosen"]), backend)
     recovery.record_ranges(info, getattr(q, "meta", {}).get("torchtame_ranges"))
