@@ -218,6 +218,84 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
 
 
+def test_pt2e_auto_exports_once_and_keeps_the_chosen_build() -> None:
+    """Candidates differ only in weights (BatchNorms folded first), so one torch.export serves them
+    all; a reused graph computes what a fresh export computes; the variant is the chosen build."""
+    import torchvision
+
+    from torchtame.inputs import call
+    from torchtame.passes.static.pt2e import Exports, exported
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.5).eval()
+    data = _images()
+    recalibrate_batchnorm(model, [x for x, _ in data.calibration])
+    v = apply_pass(
+        "quantize.static", model, data, {"mode": "pt2e", "recovery": "auto", "adaround_iterations": 10}
+    )
+    rec = v.info["recovery"]
+    built = [t for t in rec["trials"] if "error" not in t]
+    assert rec["exports"]["exported"] == 1 and rec["exports"]["reused"] == len(built) - 1, rec["exports"]
+    assert rec["exports"]["batchnorms_folded"] == 52
+    held = [x for x, _ in data.calibration][:4]
+    ref = torch.cat([model(x) for x in held]).detach()
+    with torch.no_grad():
+        out = torch.cat([call(v.module, x) for x in held])
+    assert recovery.Judgement.of(ref, out).cosine == pytest.approx(rec["cosine"], abs=1e-6)
+
+    exports, x = Exports(), held[0]
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.1)
+    exports.graph(model, x)
+    gm, _ = exports.graph(other, x)
+    fresh, _ = exported(other, x)
+    assert (exports.exported, exports.reused) == (1, 1)
+    assert torch.equal(gm(x), fresh(x))
+    recovery.fold_batchnorms(other, x)  # another structure: exported, not reused
+    exports.graph(other, x)
+    assert (exports.exported, exports.reused) == (2, 1)
+
+
+def test_onnx_auto_exports_once_and_keeps_the_chosen_file(trained_cnn, digits, tmp_path) -> None:
+    """quantize.onnx's candidates are written into one exported file (BatchNorms folded first); a
+    written file computes what its torch model computes; one that changes the file's layout is
+    exported; the variant is the chosen candidate's quantized file."""
+    from torchtame.onnx_runtime import run_session, session
+    from torchtame.passes.onnx_quant import _Template
+
+    options = {"recovery": "auto", "adaround_iterations": 10}
+    v = apply_pass("quantize.onnx", trained_cnn, digits, options, task="classification")
+    rec = v.info["recovery"]
+    assert rec["exports"] == {"exported": 1, "reused": len(rec["trials"]), "batchnorms_folded": 3}
+    held = [x for x, _ in digits.calibration][:4]
+    ref = torch.cat([trained_cnn(x) for x in held]).detach()
+    sess = session(v.onnx_path, "cpu")
+    out = torch.cat([next(iter(run_session(sess, x).values())) for x in held])
+    assert recovery.Judgement.of(ref, out).cosine == pytest.approx(rec["cosine"], abs=1e-6)
+
+    from torchtame.passes.export import OnnxOptions, export_onnx
+
+    def export(m: nn.Module, name: str):
+        export_onnx(m, held[0], tmp_path / name, OnnxOptions(), quantized=False)
+        return tmp_path / name
+
+    folded = copy.deepcopy(trained_cnn)
+    recovery.fold_batchnorms(folded, held[0])
+    template = _Template(folded, export, held[0])
+    changed = copy.deepcopy(folded)
+    recovery.correct_bias(changed, held)
+    written = template.file(changed, "changed.onnx")
+    assert (template.exported, template.reused) == (1, 1)
+    with torch.no_grad():
+        want, before = changed(held[1]), folded(held[1])
+    got = next(iter(run_session(session(written, "cpu"), held[1]).values()))
+    assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(got, before, atol=1e-4)
+    template.file(trained_cnn, "unfolded.onnx")  # another layout (BatchNorms): exported, not written
+    assert (template.exported, template.reused) == (2, 1)
+
+
 def test_auto_combines_only_what_helped_alone() -> None:
     rs, bc, rounding = ["range_search"], ["bias_correction"], ["equalization", "adaround"]
     assert recovery.combinations([rs], [[], rs]) == []

@@ -853,6 +853,7 @@ def choose(
     score: Callable[[nn.Module, list[str]], torch.Tensor],
     reference: torch.Tensor,
     skip: set[str] | None = None,
+    on_best: Callable[[], None] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """``recovery: auto`` in two stages: none and each single change (:func:`units`), then only
     combinations of the changes that beat none alone (:func:`combinations`), rather than every
@@ -860,7 +861,8 @@ def choose(
     calibration batches held apart from the evaluation data) is judged against the float
     ``reference``; one replaces the best so far only where it wins by more than noise
     (:meth:`Judgement.beats`), so none is kept unless something clearly helps. Every trial is
-    recorded with its stage."""
+    recorded with its stage. ``on_best`` is called when the candidate just scored becomes the best
+    (the pass keeps that one's quantized model instead of building it again)."""
     t_start = time.perf_counter()
     trials: list[dict[str, Any]] = []
     best: tuple[Judgement, list[str], nn.Module, list[dict[str, Any]]] | None = None
@@ -887,6 +889,8 @@ def choose(
             winners.append(combo)
         if best is None or judged.beats(best[0]):
             best = (judged, combo, m, records)
+            if on_best is not None:
+                on_best()
 
     single = units(model, example, opts.per_channel_weights(), opts.quantizes_onnx())
     for combo in [[], *single]:
@@ -918,6 +922,7 @@ def recover(
     score: Callable[[nn.Module, list[str]], torch.Tensor] | None = None,
     reference: torch.Tensor | None = None,
     skip: set[str] | None = None,
+    on_best: Callable[[], None] | None = None,
 ) -> tuple[nn.Module, dict[str, Any] | None]:
     """The float model the quantizer should start from, and ``info.recovery`` (None: none asked).
     ``batches``: the held calibration batches (:func:`held_outputs`) that the algorithms read and
@@ -927,7 +932,7 @@ def recover(
         return model, None
     if opts.recovery == "auto":
         assert score is not None and reference is not None
-        return choose(model, example, batches, opts, score, reference, skip)
+        return choose(model, example, batches, opts, score, reference, skip, on_best)
     m = copy.deepcopy(model)
     t0 = time.perf_counter()
     records = apply(m, list(opts.recovery), example, batches, opts, skip)
@@ -935,6 +940,8 @@ def recover(
     info["seconds"] = round(time.perf_counter() - t0, 2)
     if score is not None and reference is not None:
         info["cosine"] = round(Judgement.of(reference, score(m, list(opts.recovery))).cosine, 6)
+        if on_best is not None:
+            on_best()
         info["cosine_without"] = round(Judgement.of(reference, score(model, [])).cosine, 6)
     return m, info
 

@@ -30,7 +30,7 @@ from .. import recovery
 from .._select import match_modules, module_types, require_float
 from ..adaround import int8_weights
 from .fx import StaticOptions, calibrate, static_eager, static_fx
-from .pt2e import quantize_pt2e
+from .pt2e import Exports, quantize_pt2e
 
 log = logging.getLogger("torchtame")
 
@@ -42,8 +42,16 @@ SPEED_TOLERANCE = 0.2
 SPEED_TIE = 0.10
 
 
-def build(mode: str, model: nn.Module, ctx: PassContext, opts: StaticOptions, backend: str) -> nn.Module:
-    """The int8 model in one graph mode."""
+def build(
+    mode: str,
+    model: nn.Module,
+    ctx: PassContext,
+    opts: StaticOptions,
+    backend: str,
+    exports: Exports | None = None,
+) -> nn.Module:
+    """The int8 model in one graph mode (``exports``: PT2E graphs of models built before, reused
+    where only the weights differ)."""
     if mode == "pt2e":
         if opts.activation_symmetric:
             raise PassError(
@@ -58,6 +66,7 @@ def build(mode: str, model: nn.Module, ctx: PassContext, opts: StaticOptions, ba
             per_channel=opts.weight_granularity == "per_channel",
             keep=match_modules(model, opts.keep_float, "keep_float"),
             keep_types=tuple(module_types(opts.keep_float_types)),
+            exports=exports,
         )
         converted.meta["torchtame_normalised"] = changes
         return converted
@@ -193,19 +202,42 @@ def _recover(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Accuracy recovery on the float model (:mod:`..recovery`), then the int8 model built again in
     the chosen mode; fidelity is judged on calibration batches held apart from the evaluation data."""
+    t0 = time.perf_counter()
     held, ref = recovery.held_outputs(model, ctx.data.calibration, opts, ctx.output)
+    exports, folded = None, None
+    if mode == "pt2e" and opts.recovery != "none":
+        # Candidates then share one structure (BatchNorms folded, as PT2E folds them anyway; the
+        # convolutions have biases for bias correction), so one export serves them all.
+        model, exports = copy.deepcopy(model), Exports()
+        folded = recovery.fold_batchnorms(model, ctx.example_input)
+    built: dict[str, nn.Module] = {}
 
     def score(candidate: nn.Module, algorithms: list[str]) -> torch.Tensor:
-        built = build(mode, copy.deepcopy(candidate), ctx, opts.quantize_with(algorithms), backend)
+        built.pop("last", None)
+        q = build(mode, copy.deepcopy(candidate), ctx, opts.quantize_with(algorithms), backend, exports)
         with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
-            return torch.cat([select_output(call(built, x), ctx.output).float() for x in held])
+            out = torch.cat([select_output(call(q, x), ctx.output).float() for x in held])
+        built["last"] = q
+        return out
+
+    def on_best() -> None:  # the int8 model of the best candidate so far is the one to keep
+        built["best"] = built.pop("last")
 
     kept = set(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else set()
     ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
-    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, ref, kept)
-    if q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
-        q = build(mode, copy.deepcopy(fixed), ctx, opts.quantize_with(info["chosen"]), backend)
+    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, ref, kept, on_best)
+    if "best" in built and (q is None or info["chosen"]):  # built and calibrated already, alike
+        q = built["best"]
+    elif q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
+        q = build(mode, copy.deepcopy(fixed), ctx, opts.quantize_with(info["chosen"]), backend, exports)
+    if exports is not None:
+        info["exports"] = {
+            "exported": exports.exported,
+            "reused": exports.reused,
+            "batchnorms_folded": folded,
+        }
     recovery.record_ranges(info, getattr(q, "meta", {}).get("torchtame_ranges"))
+    info["seconds"] = round(time.perf_counter() - t0, 2)  # folding and the int8 model kept included
     return q, info
 
 
