@@ -44,6 +44,12 @@ class TrainOptions(Strict):
         0.0, ge=0, le=1, description="distill: weight of cross-entropy on labels, where labels may be used."
     )
     feature_loss: Literal["cosine", "mse"] = Field("cosine", description="distill: loss for embeddings.")
+    logits_loss: Literal["kl", "cosine", "mse"] = Field(
+        "kl",
+        description="distill: loss for class scores: kl (KL divergence of the scores softened by "
+        "`temperature`), or cosine / mse on the scores themselves (what fidelity measures; it keeps "
+        "learning where the teacher's scores are nearly flat, as in untrained or random-weight models).",
+    )
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainOptions:

@@ -51,11 +51,13 @@ class Distill:
     alpha: float = 0.0  # weight of cross-entropy on labels, where labels may be used
     features: bool = False  # the output is an embedding or hidden states, not class scores
     feature_loss: str = "cosine"
+    logits_loss: str = "kl"  # class scores: kl (softened), or cosine / mse on the scores themselves
 
     def loss(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-        if self.features:
+        if self.features or self.logits_loss != "kl":
+            kind = self.feature_loss if self.features else self.logits_loss
             s, t = student.float().flatten(1), teacher.float().flatten(1)
-            if self.feature_loss == "mse":
+            if kind == "mse":
                 return nn.functional.mse_loss(s, t)
             return (1.0 - nn.functional.cosine_similarity(s, t, dim=1)).mean()
         s, t = student.float().reshape(-1, student.shape[-1]), teacher.float().reshape(-1, teacher.shape[-1])
@@ -227,7 +229,9 @@ def train_with_options(
     if opts.loss == "distill":
         if teacher is None:
             raise DataError("`loss: distill` needs a teacher model", hint="distill from the baseline")
-        distill = Distill(teacher, opts.temperature, opts.alpha, features, opts.feature_loss)
+        distill = Distill(
+            teacher, opts.temperature, opts.alpha, features, opts.feature_loss, opts.logits_loss
+        )
     return train(
         model,
         loader,
