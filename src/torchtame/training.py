@@ -20,15 +20,22 @@ def recalibrate_batchnorm(model: nn.Module, batches: Any) -> nn.Module:
     """Recompute every BatchNorm's running statistics from ``batches`` (input structures), e.g.
     for random-weight models, whose stored statistics otherwise shrink activations to ~1e-9 in
     deep networks (no int8 format can represent them, no fidelity figure can judge them), or
-    after pruning. Returns the model in eval mode."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None  # a cumulative average over all batches
+    after pruning. Returns the model in eval mode, each BatchNorm's momentum as it was (left at
+    None, later training would keep a cumulative average, and torch.export cannot capture it
+    in training mode: PT2E QAT refused such a model)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over all batches
     model.train()
-    with torch.no_grad():
-        for x in batches:
-            call(model, x)
+    try:
+        with torch.no_grad():
+            for x in batches:
+                call(model, x)
+    finally:
+        for m, momentum in zip(norms, momenta, strict=True):
+            m.momentum = momentum
     return model.eval()
 
 
@@ -94,7 +101,8 @@ def train(
     ``distill.alpha`` where labels may be used). Returns the mean loss of each epoch.
 
     Runs ``epochs`` passes over ``loader`` or exactly ``steps`` optimizer steps (cycling the loader).
-    ``on_step(steps done)`` runs after every optimizer step and ``on_epoch(epoch, mean loss)`` after
+    ``on_step(steps done)`` runs once before the first step (0, the model in training mode) and
+    after every optimizer step; ``on_epoch(epoch, mean loss)`` after
     every pass (quantization-aware training freezes and records there). The model is left in eval
     mode on the CPU.
     """
@@ -118,6 +126,8 @@ def train(
     objective = _Objective(model, teacher, distill, output, with_labels)
     epoch_losses: list[float] = []
     done = 0
+    if on_step is not None:
+        on_step(0)
     with progress.task(description, total=total) as task:
         while done < total:
             running, count = 0.0, 0
