@@ -214,8 +214,27 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     assert rec["cosine"] == chosen["cosine"] and rec["agreement"] == chosen["agreement"]
     assert chosen["agreement"] >= none["agreement"]  # never a lost top-1 agreement
     assert chosen["cosine"] >= none["cosine"] or chosen["agreement"] > none["agreement"]
-    assert rec["held_samples"] == 32 and rec["seconds"] >= sum(t["seconds"] for t in rec["trials"])
+    # judged on the 2 calibration batches after the 4 the algorithms read (6 in all)
+    assert rec["held_samples"] == 16 and rec["judged_on"].startswith(
+        "calibration batches the algorithms did not"
+    )
+    assert rec["seconds"] >= sum(t["seconds"] for t in rec["trials"])
     assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
+
+
+def test_auto_judges_on_batches_the_algorithms_did_not_fit() -> None:
+    """Bias correction, AdaRound and SmoothQuant read the first ``recovery_batches``; candidates
+    are scored on later calibration batches (up to ``judge_samples``), or, where the split has no
+    more, on the same ones, said as such."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).eval()
+    loader = [(torch.full((8, 12), float(i)), None) for i in range(10)]
+    opts = recovery.RecoveryOptions(recovery="auto", recovery_batches=4, judge_samples=20)
+    held = recovery.held_outputs(model, loader, opts, None)
+    assert [int(x[0, 0]) for x in held.fit] == [0, 1, 2, 3]
+    assert [int(x[0, 0]) for x in held.judge] == [4, 5, 6]  # 24 samples: the first >= 20
+    assert held.apart and held.reference.shape == (24, 3)
+    alone = recovery.held_outputs(model, loader[:4], opts, None)
+    assert alone.judge == alone.fit and not alone.apart and "no others" in alone.judged_on
 
 
 def test_pt2e_auto_exports_once_and_keeps_the_chosen_build() -> None:

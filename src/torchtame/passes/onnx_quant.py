@@ -382,12 +382,12 @@ def _recover(
     evaluation data. Also returns the quantized file of the float model chosen (as
     :func:`_quantize` returns it) where a candidate's build is that file."""
     t0 = time.perf_counter()
-    held, ref = recovery.held_outputs(model, ctx.data.calibration, opts, ctx.output)
+    held = recovery.held_outputs(model, ctx.data.calibration, opts, ctx.output)
     # BatchNorms folded first (the exported graph folds them anyway), so that every candidate has
     # the same structure and one export serves them all
     model = copy.deepcopy(model)
     folded = recovery.fold_batchnorms(model, ctx.example_input)
-    template = _Template(model, lambda m, name: _export(m, ctx, opts, name), held[0], ctx.output)
+    template = _Template(model, lambda m, name: _export(m, ctx, opts, name), held.fit[0], ctx.output)
     trial = [0]
     built: dict[str, tuple[Path, int, dict[str, Any] | None]] = {}
 
@@ -396,14 +396,18 @@ def _recover(
         source = template.file(candidate, f"trial{trial[0]}.onnx")
         built["last"] = _quantize(source, ctx, opts.quantize_with(algorithms), f"q{trial[0]}.onnx")
         sess = session(built["last"][0], "cpu")
-        return torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held])
+        return torch.cat([select_output(run_session(sess, x), ctx.output).float() for x in held.judge])
 
     def on_best() -> None:
         built["best"] = built["last"]
 
     ctx.progress.status(f"quantize.onnx: recovery {opts.recovery}")
-    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, ref, on_best=on_best)
+    fixed, info = recovery.recover(
+        model, ctx.example_input, held.fit, opts, score, held.reference, on_best=on_best
+    )
     assert info is not None
+    if opts.recovery == "auto":
+        info["judged_on"] = held.judged_on
     info["exports"] = {"exported": template.exported, "reused": template.reused, "batchnorms_folded": folded}
     info["seconds"] = round(time.perf_counter() - t0, 2)  # the template's export included
     return fixed, info, built.get("best")

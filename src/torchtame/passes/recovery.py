@@ -51,7 +51,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from ..inputs import call, select_output
+from ..inputs import batch_size, call, select_output
 from ..options import Strict
 from .adaround import adaround, check_integers
 
@@ -728,6 +728,14 @@ class RecoveryOptions(Strict):
     recovery_batches: int = Field(
         4, ge=1, le=64, description="Calibration batches that bias correction, AdaRound and SmoothQuant read."
     )
+    judge_samples: int = Field(
+        128,
+        ge=1,
+        le=100_000,
+        description="Calibration samples after those `recovery_batches` that recovery judges candidates "
+        "on (up to this many): not the ones the algorithms fitted. Where the calibration split has no "
+        "others, they are judged on those (info.recovery.judged_on says which).",
+    )
     adaround_iterations: int = Field(
         100,
         ge=10,
@@ -905,7 +913,7 @@ def choose(
         "mode": "auto",
         "chosen": combo,
         **judged.record(),
-        "held_samples": len(judged.per_sample),
+        "held_samples": len(judged.per_sample),  # the judged ones
         "beat_none_alone": winners,
         "trials": trials,
         "applied": records,
@@ -925,9 +933,9 @@ def recover(
     on_best: Callable[[], None] | None = None,
 ) -> tuple[nn.Module, dict[str, Any] | None]:
     """The float model the quantizer should start from, and ``info.recovery`` (None: none asked).
-    ``batches``: the held calibration batches (:func:`held_outputs`) that the algorithms read and
-    ``score`` runs the quantized model of a float model on; ``reference``: the float model's
-    outputs on them."""
+    ``batches``: the calibration batches the algorithms read (:attr:`Held.fit`); ``score`` runs the
+    quantized model of a float model on the judged ones (:attr:`Held.judge`) and ``reference`` is
+    the float model's outputs on those."""
     if opts.recovery == "none":
         return model, None
     if opts.recovery == "auto":
@@ -946,15 +954,47 @@ def recover(
     return m, info
 
 
-def held_outputs(
-    model: nn.Module, loader: Any, opts: RecoveryOptions, output: Any
-) -> tuple[list[Any], torch.Tensor]:
-    """The calibration batches recovery judges candidates on (``recovery_batches`` of them, apart
-    from the evaluation data) and the float model's outputs on them."""
-    held = calibration_batches(loader, opts.recovery_batches)
+@dataclass(frozen=True)
+class Held:
+    """Calibration batches for recovery: ``fit`` (what the algorithms read), ``judge`` (what
+    candidates are scored on: later batches where the split has them) and the float model's
+    outputs on ``judge`` (``reference``)."""
+
+    fit: list[Any]
+    judge: list[Any]
+    reference: torch.Tensor
+    apart: bool
+
+    @property
+    def judged_on(self) -> str:
+        return (
+            "calibration batches the algorithms did not read"
+            if self.apart
+            else "the calibration batches the algorithms read (the split has no others: choices may "
+            "favour what fits them)"
+        )
+
+
+def held_outputs(model: nn.Module, loader: Any, opts: RecoveryOptions, output: Any) -> Held:
+    """The calibration batches recovery fits on (``recovery_batches``) and judges candidates on
+    (up to ``judge_samples`` samples after them; the same ones where the split has no others), all
+    apart from the evaluation data, and the float model's outputs on the judged ones. Judging on
+    the batches bias correction fitted favoured it: on a random-weight EfficientNet-Lite auto
+    chose it at 81% top-1 agreement on those and 55% on the evaluation set."""
+    fit, judge, seen = [], [], 0
+    for i, (x, *_) in enumerate(loader):
+        if i < opts.recovery_batches:
+            fit.append(x)
+        elif seen < opts.judge_samples:
+            judge.append(x)
+            seen += batch_size(x)
+        else:
+            break
+    apart = bool(judge)
+    judge = judge or fit
     with torch.inference_mode():
-        ref = torch.cat([select_output(call(model, x), output).float() for x in held])
-    return held, ref
+        ref = torch.cat([select_output(call(model, x), output).float() for x in judge])
+    return Held(fit, judge, ref, apart)
 
 
 def record_ranges(info: dict[str, Any], found: dict[str, Any] | None) -> None:

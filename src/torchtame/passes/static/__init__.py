@@ -203,7 +203,7 @@ def _recover(
     """Accuracy recovery on the float model (:mod:`..recovery`), then the int8 model built again in
     the chosen mode; fidelity is judged on calibration batches held apart from the evaluation data."""
     t0 = time.perf_counter()
-    held, ref = recovery.held_outputs(model, ctx.data.calibration, opts, ctx.output)
+    held = recovery.held_outputs(model, ctx.data.calibration, opts, ctx.output)
     exports, folded = None, None
     if mode == "pt2e" and opts.recovery != "none":
         # Candidates then share one structure (BatchNorms folded, as PT2E folds them anyway; the
@@ -216,7 +216,7 @@ def _recover(
         built.pop("last", None)
         q = build(mode, copy.deepcopy(candidate), ctx, opts.quantize_with(algorithms), backend, exports)
         with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
-            out = torch.cat([select_output(call(q, x), ctx.output).float() for x in held])
+            out = torch.cat([select_output(call(q, x), ctx.output).float() for x in held.judge])
         built["last"] = q
         return out
 
@@ -225,7 +225,11 @@ def _recover(
 
     kept = set(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else set()
     ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
-    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, ref, kept, on_best)
+    fixed, info = recovery.recover(
+        model, ctx.example_input, held.fit, opts, score, held.reference, kept, on_best
+    )
+    if info is not None and opts.recovery == "auto":
+        info["judged_on"] = held.judged_on
     if "best" in built and (q is None or info["chosen"]):  # built and calibrated already, alike
         q = built["best"]
     elif q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
