@@ -199,7 +199,8 @@ def render(data: dict[str, Any]) -> list[str]:
     lines = [
         "Post-training int8 with and without accuracy recovery. Cosine and top-1 agreement with "
         "float are on evaluation images drawn apart from calibration; `recovery: auto` scores each "
-        "combination it tries on calibration batches held apart from the evaluation data (those "
+        "combination it tries on calibration batches held apart from the evaluation data and, where "
+        "the calibration split has more than the algorithms read, apart from those too (those "
         "trial figures are listed per model: each algorithm's gain alone and combined). The "
         "weights-only row (per-channel int8 weights, float activations) is the floor of what weight "
         "rounding alone costs. Random-weight models: BatchNorm statistics recalibrated on the inputs.",

@@ -345,6 +345,18 @@ def test_auto_keeps_a_candidate_only_where_it_wins_by_more_than_noise() -> None:
     flipped = recovery.Judgement.of(scores, out)
     assert flipped.cosine > far.cosine and flipped.agreement < far.agreement == 1.0
     assert not flipped.beats(far) and far.agreement is not None
+    # nearly flat float scores (random weights): classes that move among near ties are noise. A
+    # candidate much closer to float is kept although, on balance, more near-tie classes moved
+    flat = 0.01 * torch.randn(128, 10)
+    noisy = flat + 0.002 * torch.randn(128, 10)
+    base = recovery.Judgement.of(flat, noisy)
+    out = flat + 0.0005 * torch.randn(128, 10)
+    top = flat.topk(2, dim=-1)
+    ties = (top.values[:, 0] - top.values[:, 1]).argsort()[:40]  # the closest calls of float
+    out[ties, top.indices[ties, 0]] = flat[ties, top.indices[ties, 1]] - 1e-4  # second place now
+    moved = recovery.Judgement.of(flat, out)
+    assert moved.cosine > base.cosine + 0.01 and moved.agreement < base.agreement
+    assert moved.beats(base)
     features = recovery.Judgement.of(torch.randn(8, 4, 6), torch.randn(8, 4, 6))
     assert features.agreement is None  # not class scores: cosine alone
 

@@ -128,7 +128,8 @@ def recovery_lines(results: dict[str, Any]) -> list[str]:
         ]
         line = f"`{v['name']}` ({rec['mode']}): kept {chosen}"
         if shown:
-            line += f" (fidelity to float on calibration batches, held apart from evaluation: {shown})"
+            on = rec.get("judged_on", "calibration batches, held apart from evaluation")
+            line += f" (fidelity to float on {on}: {shown})"
         lines.append(line + (f"; {'; '.join(notes)}" if notes else ""))
     return lines
 
