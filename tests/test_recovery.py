@@ -256,7 +256,7 @@ def test_pt2e_auto_exports_once_and_keeps_the_chosen_build() -> None:
     built = [t for t in rec["trials"] if "error" not in t]
     assert rec["exports"]["exported"] == 1 and rec["exports"]["reused"] == len(built) - 1, rec["exports"]
     assert rec["exports"]["batchnorms_folded"] == 52
-    held = [x for x, _ in data.calibration][:4]
+    held = [x for x, _ in data.calibration][4:]  # judged on those after the 4 the algorithms read
     ref = torch.cat([model(x) for x in held]).detach()
     with torch.no_grad():
         out = torch.cat([call(v.module, x) for x in held])

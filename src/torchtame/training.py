@@ -110,12 +110,8 @@ def train(
     assert loader is not None
     torch.manual_seed(seed)
     # A loader of our own, so the shuffle order depends on ``seed`` alone, not on earlier use.
-    loader = DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True, generator=generator)
     progress = progress or NullProgress()
     model.to(device).train()
     teacher = distill.teacher.to(device).eval() if distill is not None else None
