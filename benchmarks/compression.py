@@ -219,28 +219,28 @@ def _mb(v: int | None) -> str:
 MIN_SAMPLES_MOVED = 10  # fewer samples between PTQ's and QAT's agreement is too few to judge by
 
 
-def _moved(v: dict[str, Any]) -> int | None:
-    """How many more samples agree with float after QAT than before (None: not recorded)."""
+def _differing(v: dict[str, Any]) -> tuple[int, int] | None:
+    """How many samples' top-1 differs from float before and after QAT (None: not recorded)."""
     if "samples" not in v:
         return None
-    return round(v["samples"] * (v["qat_agreement"] - v["ptq_agreement"]) / 100)
+    n = v["samples"]
+    before, after = (round(n * (100 - v[k]) / 100) for k in ("ptq_agreement", "qat_agreement"))
+    return before, after
 
 
 def _closed(v: dict[str, Any]) -> float:
     """The share of the gap QAT closed: cosine's, or agreement's where enough samples moved."""
-    moved = _moved(v)
-    agreement = v["gap_closed"] if moved is None or abs(moved) >= MIN_SAMPLES_MOVED else 0.0
-    return max(agreement, v.get("cosine_gap_closed", 0))
+    counts = _differing(v)
+    enough = counts is None or abs(counts[0] - counts[1]) >= MIN_SAMPLES_MOVED
+    return max(v["gap_closed"] if enough else 0.0, v.get("cosine_gap_closed", 0))
 
 
 def _disagreeing(v: dict[str, Any]) -> str:
-    """How many samples' top-1 differs from float before and after QAT (small counts: read the
-    agreement gap with them)."""
-    if "samples" not in v:
-        return ""
-    n = v["samples"]
-    before, after = (round(n * (100 - v[k]) / 100) for k in ("ptq_agreement", "qat_agreement"))
-    return f": {before} -> {after} of {n} samples differ from float"
+    """The counts behind the agreement gap (small counts: read the gap with them)."""
+    counts = _differing(v)
+    return (
+        "" if counts is None else f": {counts[0]} -> {counts[1]} of {v['samples']} samples differ from float"
+    )
 
 
 def render(data: dict[str, Any]) -> list[str]:

@@ -402,12 +402,8 @@ def _recover(
         built["best"] = built["last"]
 
     ctx.progress.status(f"quantize.onnx: recovery {opts.recovery}")
-    fixed, info = recovery.recover(
-        model, ctx.example_input, held.fit, opts, score, held.reference, on_best=on_best
-    )
+    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, on_best=on_best)
     assert info is not None
-    if opts.recovery == "auto":
-        info["judged_on"] = held.judged_on
     info["exports"] = {"exported": template.exported, "reused": template.reused, "batchnorms_folded": folded}
     info["seconds"] = round(time.perf_counter() - t0, 2)  # the template's export included
     return fixed, info, built.get("best")

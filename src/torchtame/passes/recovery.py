@@ -802,10 +802,6 @@ def combinations(winners: list[list[str]], tried: list[list[str]]) -> list[list[
     return out
 
 
-def calibration_batches(loader: Any, n: int) -> list[Any]:
-    return [x for i, (x, *_) in zip(range(n), loader, strict=False)]
-
-
 @dataclass(frozen=True)
 class Judgement:
     """A candidate's fidelity on the held calibration batches: per-sample cosine to float and, for
@@ -940,32 +936,32 @@ def choose(
 def recover(
     model: nn.Module,
     example: Any,
-    batches: list[Any],
+    held: Held,
     opts: RecoveryOptions,
     score: Callable[[nn.Module, list[str]], torch.Tensor] | None = None,
-    reference: torch.Tensor | None = None,
     skip: set[str] | None = None,
     on_best: Callable[[], None] | None = None,
 ) -> tuple[nn.Module, dict[str, Any] | None]:
     """The float model the quantizer should start from, and ``info.recovery`` (None: none asked).
-    ``batches``: the calibration batches the algorithms read (:attr:`Held.fit`); ``score`` runs the
-    quantized model of a float model on the judged ones (:attr:`Held.judge`) and ``reference`` is
-    the float model's outputs on those."""
+    The algorithms read ``held.fit`` (:func:`held_outputs`); ``score`` runs the quantized model of
+    a float model on ``held.judge``, judged against ``held.reference``."""
     if opts.recovery == "none":
         return model, None
     if opts.recovery == "auto":
-        assert score is not None and reference is not None
-        return choose(model, example, batches, opts, score, reference, skip, on_best)
+        assert score is not None
+        m, info = choose(model, example, held.fit, opts, score, held.reference, skip, on_best)
+        info["judged_on"] = held.judged_on
+        return m, info
     m = copy.deepcopy(model)
     t0 = time.perf_counter()
-    records = apply(m, list(opts.recovery), example, batches, opts, skip)
+    records = apply(m, list(opts.recovery), example, held.fit, opts, skip)
     info: dict[str, Any] = {"mode": "listed", "chosen": list(opts.recovery), "applied": records}
     info["seconds"] = round(time.perf_counter() - t0, 2)
-    if score is not None and reference is not None:
-        info["cosine"] = round(Judgement.of(reference, score(m, list(opts.recovery))).cosine, 6)
+    if score is not None:
+        info["cosine"] = round(Judgement.of(held.reference, score(m, list(opts.recovery))).cosine, 6)
         if on_best is not None:
             on_best()
-        info["cosine_without"] = round(Judgement.of(reference, score(model, [])).cosine, 6)
+        info["cosine_without"] = round(Judgement.of(held.reference, score(model, [])).cosine, 6)
     return m, info
 
 

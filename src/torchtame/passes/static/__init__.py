@@ -225,11 +225,7 @@ def _recover(
 
     kept = set(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else set()
     ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
-    fixed, info = recovery.recover(
-        model, ctx.example_input, held.fit, opts, score, held.reference, kept, on_best
-    )
-    if info is not None and opts.recovery == "auto":
-        info["judged_on"] = held.judged_on
+    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, kept, on_best)
     if "best" in built and (q is None or info["chosen"]):  # built and calibrated already, alike
         q = built["best"]
     elif q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
