@@ -190,7 +190,7 @@ def vit_heads(steps: int, quick: bool) -> dict[str, Any]:
     for which in models:
         model = _vit(which)
         pruned = apply_pass("prune.structured", model, data, {"ratio": 0.25}, task="classification")
-        train = {"loss": "distill", "steps": steps, "lr": 5e-4, "logits_loss": LOGITS_LOSS}
+        train = {"loss": "distill", "steps": steps, "lr": 1e-4, "logits_loss": LOGITS_LOSS}  # after the refit
         tuned = apply_pass("finetune", pruned, data, train, baseline=model, task="classification")
         with tempfile.TemporaryDirectory() as tmp:
             onnx = apply_pass("export.onnx", tuned.module, data, work_dir=Path(tmp))

@@ -74,7 +74,8 @@ def test_torchvision_vit_heads_are_pruned_and_distillation_recovers(tmp_path) ->
     ).eval()
     nn.init.normal_(vit.heads.head.weight, std=0.2)  # torchvision starts the head at zero
     data = _images(128)
-    v = apply_pass("prune.structured", vit, data, {"ratio": 0.25})
+    # without the least-squares refit (tests/test_reconstruct.py), so distillation has a gap to close
+    v = apply_pass("prune.structured", vit, data, {"ratio": 0.25, "reconstruct": False})
     assert v.info["multihead_split"] == [f"encoder.layers.encoder_layer_{i}.self_attention" for i in (0, 1)]
     assert v.info["attention_heads"]["encoder.layers.encoder_layer_0.self_attention"] == [12, 9]
     assert v.module.conv_proj.out_channels == 192

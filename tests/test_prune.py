@@ -81,10 +81,12 @@ def test_bn_scale_keeps_the_largest_gammas(trained_cnn, digits) -> None:
 def test_l2_beats_random_on_the_fixed_model(trained_cnn, digits) -> None:
     acc = {}
     for criterion in ("l2", "random"):
-        v = apply_pass("prune.structured", trained_cnn, digits, {"importance": criterion, "ratio": 0.5})
+        opts = {"importance": criterion, "ratio": 0.5, "reconstruct": False}
+        v = apply_pass("prune.structured", trained_cnn, digits, opts)
         acc[criterion] = accuracy(v.module, digits.evaluation)
     # without fine-tuning the criteria are erratic (random can win at 30%); at 50% on this seeded
-    # model magnitude keeps far more: 74.8% vs 22.8%
+    # model magnitude keeps far more: 74.8% vs 22.8% (the least-squares refit of the classifier
+    # lifts both to about 95%, so the criteria are compared without it)
     assert acc["l2"] > acc["random"] + 10, acc
 
 

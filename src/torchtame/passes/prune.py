@@ -8,6 +8,8 @@ kernels. Optional fine-tuning between iterative steps recovers accuracy.
 
 from __future__ import annotations
 
+import copy
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,13 +19,14 @@ from torch import nn
 
 from ..errors import PassError, first_line
 from ..evaluate.macs import count_macs_params
-from ..inputs import call, output_items, select_output
+from ..inputs import call, output_items, prepare, select_output
 from ..options import Strict, TrainOptions
 from ..registry import register_pass
 from ..variant import PassContext, Variant
 from ._select import match_modules, require_float
 from .attention import split_multihead
 from .finetune import train_with
+from .reconstruct import reconstruct_pruned_linears
 
 Criterion = Literal["l1", "l2", "magnitude", "bn_scale", "taylor", "lamp", "fpgm", "random"]
 
@@ -92,6 +95,13 @@ class PruneOptions(Strict):
         "only heads are removed.",
     )
     max_layer_ratio: float = Field(0.9, gt=0, le=1, description="Never remove more per layer.")
+    reconstruct: bool = Field(
+        True,
+        description="After pruning, refit each Linear whose inputs were pruned (attention output "
+        "projections, second FFN Linears, classifiers) by least squares, so that on calibration "
+        "batches it reproduces the unpruned layer's output; no labels, no training.",
+    )
+    reconstruct_batches: int = Field(16, ge=1, description="Calibration batches the refit uses.")
 
     @model_validator(mode="after")
     def _ratio_or_target(self) -> PruneOptions:
@@ -293,6 +303,7 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
     example = ctx.example_input
     kept = match_modules(model, opts.ignored_layers, "ignored_layers") if opts.ignored_layers else []
     split = split_multihead(model, kept) if opts.prune_heads else []
+    unpruned = copy.deepcopy(model) if opts.reconstruct else None
     plan = _plan(model, ctx, opts)
     before_channels = channel_counts(model)
     base = count_macs_params(model, example)
@@ -302,6 +313,11 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
     model.eval()
     heads = {k: [original_heads[k], after] for k, (_, after) in _update_heads(plan.attention, pruner).items()}
     _check_runs(model, example)
+    refit = None
+    if unpruned is not None:
+        batches = [prepare(x) for x, *_ in itertools.islice(ctx.data.calibration, opts.reconstruct_batches)]
+        refit = reconstruct_pruned_linears(model, unpruned, batches)
+        del unpruned
     macs, params = count_macs_params(model, example)
     if opts.target is not None and not opts.target.reached(macs, params, base):
         raise PassError(
@@ -324,6 +340,7 @@ def prune_structured(model: nn.Module | None, ctx: PassContext, opts: PruneOptio
             **({"heads_kept_whole": plan.attention.fixed} if plan.attention.fixed else {}),
             **({"multihead_split": split} if split else {}),
             **({"recurrent_kept_whole": plan.recurrent} if plan.recurrent else {}),
+            **({"reconstruction": refit} if refit is not None else {}),
         },
     )
 
