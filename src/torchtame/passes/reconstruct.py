@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..inputs import call
+from .recovery import observe
 
 
 class _Stop(Exception):
@@ -47,9 +48,10 @@ def reconstruct_pruned_linears(
         and full[name].out_features == m.out_features
     ]
     t0 = time.perf_counter()
-    errors: dict[str, list[float]] = {}
+    errors: dict[str, tuple[float, float]] = {}
     skipped: list[str] = []
-    ordered, calls = _in_call_order(pruned, targets, batches[:1])
+    # (no probe forward where nothing is to be refitted: a CNN whose classifier was kept whole)
+    ordered, calls = _in_call_order(pruned, targets, batches[0]) if targets and batches else ([], {})
     for name, layer in ordered:
         fit = None if calls.get(name) != 1 else _fit(pruned, unpruned, layer, full[name], batches, damp)
         if fit is None:
@@ -68,10 +70,10 @@ def reconstruct_pruned_linears(
 
 
 def _in_call_order(
-    model: nn.Module, targets: list[tuple[str, nn.Linear]], probe: list[Any]
+    model: nn.Module, targets: list[tuple[str, nn.Linear]], probe: Any
 ) -> tuple[list[tuple[str, nn.Linear]], dict[str, int]]:
-    """``targets`` in the order one forward pass calls them (module order where none ran), and
-    how often each is called per forward."""
+    """``targets`` in the order a forward pass on batch ``probe`` calls them (module order where
+    none ran), and how often it calls each."""
     order: dict[str, int] = {}
     calls: dict[str, int] = {}
 
@@ -82,16 +84,9 @@ def _in_call_order(
 
         return hook
 
-    hooks = [m.register_forward_hook(seen(name)) for name, m in targets]
-    try:
-        with torch.no_grad():
-            for x in probe:
-                call(model, x)
-    finally:
-        for h in hooks:
-            h.remove()
+    observe(model, {name: seen(name) for name, _ in targets}, [probe])
     ordered = sorted(targets, key=lambda t: order.get(t[0], len(targets) + targets.index(t)))
-    return ordered, {k: v // max(1, len(probe)) for k, v in calls.items()}
+    return ordered, calls
 
 
 def _capture(model: nn.Module, layer: nn.Module, x: Any, what: str) -> list[torch.Tensor]:

@@ -281,7 +281,7 @@ def _output(model: nn.Module, example: Any) -> torch.Tensor:
         return torch.cat([t.float().flatten() for _, t in output_items(call(model, example))])
 
 
-def _observe(model: nn.Module, watched: dict[str, Callable[..., Any]], batches: list[Any]) -> None:
+def observe(model: nn.Module, watched: dict[str, Callable[..., Any]], batches: list[Any]) -> None:
     """Run ``batches`` through ``model`` with a forward hook on each named module (removed after)."""
     hooks = [model.get_submodule(name).register_forward_hook(hook) for name, hook in watched.items()]
     try:
@@ -400,7 +400,7 @@ def absorb_high_biases(model: nn.Module, pairs: list[Pair], batches: list[Any]) 
 
         return record
 
-    _observe(model, {n: watch(n) for n in firsts}, batches)
+    observe(model, {n: watch(n) for n in firsts}, batches)
     moved = channels = 0
     with torch.no_grad():
         for p in exact:
@@ -606,7 +606,7 @@ def smooth_quant(model: nn.Module, batches: list[Any], example: Any, alpha: floa
 
         return record
 
-    _observe(model, {ln: hook(ln) for ln in groups}, batches)
+    observe(model, {ln: hook(ln) for ln in groups}, batches)
     reference = _output(model, example)
     tolerance = 1e-4 * reference.abs().max().clamp_min(1e-12)
     smoothed, skipped = {}, []
