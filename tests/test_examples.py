@@ -54,7 +54,11 @@ def _prune_and_finetune(out: str) -> None:
     top1 = {k: float(re.search(r"top-1\s+([\d.]+)%", v).group(1)) for k, v in rows.items()}
     macs = {k: float(re.search(r"MACs\s+([\d.]+)M", v).group(1)) for k, v in rows.items()}
     assert macs["pruned"] < 0.5 * macs["baseline"] and macs["pruned+ft"] == macs["pruned"], macs
-    assert top1["baseline"] > 90 and top1["pruned+ft"] >= top1["pruned"] and top1["pruned+ft"] > 90, top1
+    assert top1["baseline"] > 90 and top1["pruned"] > top1["no-refit"] and top1["pruned+ft"] > 90, top1
+    # keep_best chooses by the calibration split's loss: at most a few of the 539 evaluation
+    # samples may go the other way
+    assert top1["pruned+ft"] >= top1["pruned"] - 1.0, top1
+    assert re.search(r"kept epoch \d", out), out
 
 
 def _quantize_one_model(out: str) -> None:

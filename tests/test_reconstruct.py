@@ -94,3 +94,27 @@ def test_pruning_timm_heads_reconstructs_and_fidelity_rises() -> None:
         # held-apart inputs: the refit generalises beyond the calibration batches it was fitted on
         assert cos(refit.module) > cos(plain.module) + 0.05, (cos(plain.module), cos(refit.module))
     assert refit.info["macs_fraction"] == plain.info["macs_fraction"]
+
+
+def test_finetune_keeps_the_weights_with_the_lowest_calibration_loss(trained_cnn, digits) -> None:
+    """After the refit, fine-tuning at a high rate only raises the held-apart loss: `keep_best`
+    returns the weights it started from and says so; the training itself is the same run as
+    without it (its scoring leaves the random stream of dropout alone)."""
+    pruned = apply_pass("prune.structured", trained_cnn, digits, {"ratio": 0.5})
+    opts = {"epochs": 2, "lr": 5e-3}
+    kept = apply_pass("finetune", pruned, digits, opts)
+    last = apply_pass("finetune", pruned, digits, {**opts, "keep_best": False})
+    assert kept.info["epoch_losses"] == last.info["epoch_losses"]
+    losses = kept.info["held_out_loss"]
+    assert len(losses) == 3 and kept.info["kept_epoch"] == losses.index(min(losses))
+    assert kept.info["kept_epoch"] == 0 and "lower `lr`" in kept.info["kept"], losses
+    for a, b in zip(kept.module.state_dict().values(), pruned.module.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(last.module.state_dict().values(), pruned.module.state_dict().values(), strict=True)
+    )
+    # where training helps (no refit), the later weights are kept
+    raw = apply_pass("prune.structured", trained_cnn, digits, {"ratio": 0.5, "reconstruct": False})
+    tuned = apply_pass("finetune", raw, digits, {"epochs": 2, "lr": 2e-3})
+    assert tuned.info["kept_epoch"] > 0 and "kept" not in tuned.info, tuned.info["held_out_loss"]

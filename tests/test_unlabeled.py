@@ -21,8 +21,13 @@ def agreement(a: torch.nn.Module, b: torch.nn.Module, loader) -> float:
         return 100.0 * (a(x).argmax(1) == b(x).argmax(1)).float().mean().item()
 
 
+# These tests judge what distillation recovers, so the pruning leaves out the least-squares refit
+# (`reconstruct`), which alone recovers most of it on these small models (tests/test_reconstruct.py).
+NO_REFIT = {"reconstruct": False}
+
+
 def test_distillation_recovers_a_pruned_model_without_labels(trained_cnn, digits) -> None:
-    pruned = apply_pass("prune.structured", trained_cnn, digits, {"ratio": 0.5})
+    pruned = apply_pass("prune.structured", trained_cnn, digits, {"ratio": 0.5, **NO_REFIT})
     before = agreement(pruned.module, trained_cnn, digits.evaluation)
     unlabelled = load_data(DigitsData(source="digits", batch_size=64, labels="ignore"), 0)
     assert not unlabelled.has_labels
@@ -44,7 +49,7 @@ def test_distillation_of_an_embedding_uses_cosine() -> None:
     torch.manual_seed(0)
     model = DictOutput().eval()
     kw = {"output": "embedding", "task": "features"}
-    pruned = apply_pass("prune.structured", model, data, {"ratio": 0.5}, **kw)
+    pruned = apply_pass("prune.structured", model, data, {"ratio": 0.5, **NO_REFIT}, **kw)
     tuned = apply_pass(
         "finetune", pruned, data, {"loss": "distill", "epochs": 3, "lr": 3e-3}, baseline=model, **kw
     )
@@ -171,7 +176,7 @@ def test_distillation_on_nearly_flat_class_scores_can_match_the_scores() -> None
     torch.manual_seed(0)
     model = digits_cnn(width=16, hidden=128).eval()
     kw = {"task": "classification"}
-    pruned = apply_pass("prune.structured", model, data, {"ratio": 0.5}, **kw)
+    pruned = apply_pass("prune.structured", model, data, {"ratio": 0.5, **NO_REFIT}, **kw)
     x = data.example_input(256)
 
     def cos(m: torch.nn.Module) -> float:

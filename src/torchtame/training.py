@@ -214,6 +214,48 @@ class _Objective:
         return loss
 
 
+def distill_from_options(opts: TrainOptions, teacher: nn.Module | None, features: bool) -> Distill | None:
+    """The distillation the options ask for (None for cross-entropy)."""
+    if opts.loss != "distill":
+        return None
+    if teacher is None:
+        raise DataError("`loss: distill` needs a teacher model", hint="distill from the baseline")
+    return Distill(teacher, opts.temperature, opts.alpha, features, opts.feature_loss, opts.logits_loss)
+
+
+def held_out_loss(
+    model: nn.Module,
+    loader: DataLoader,
+    distill: Distill | None,
+    *,
+    output: str | int | None,
+    use_labels: bool,
+    device: str,
+    max_batches: int = 16,
+) -> float:
+    """The training objective (as :func:`train` computes it) on up to ``max_batches`` batches of a
+    split held apart from training, the model in eval mode; leaves the mode as it found it."""
+    was_training = model.training
+    with_labels = use_labels and (distill is None or distill.alpha > 0)
+    objective = _Objective(model, distill.teacher if distill else None, distill, output, with_labels)
+    total, count = 0.0, 0
+    model.eval()
+    try:
+        # fork_rng: iterating a DataLoader draws a seed from the global generator, which would shift
+        # the dropout masks of the training that goes on after this
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            for i, (x, y) in enumerate(loader):
+                if i >= max_batches:
+                    break
+                x, y = prepare(x, device), y.to(device)
+                n = batch_size(x)
+                total += objective(x, y, 0).item() * n
+                count += n
+    finally:
+        model.train(was_training)
+    return total / max(count, 1)
+
+
 def train_with_options(
     model: nn.Module,
     loader: DataLoader | None,
@@ -231,13 +273,7 @@ def train_with_options(
 ) -> dict[str, Any]:
     """:func:`train` with the recipe's training options (pre-training, fine-tuning); with
     ``loss: distill`` the ``teacher`` (the baseline) provides the targets."""
-    distill = None
-    if opts.loss == "distill":
-        if teacher is None:
-            raise DataError("`loss: distill` needs a teacher model", hint="distill from the baseline")
-        distill = Distill(
-            teacher, opts.temperature, opts.alpha, features, opts.feature_loss, opts.logits_loss
-        )
+    distill = distill_from_options(opts, teacher, features)
     return train(
         model,
         loader,

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from pydantic import Field
 from torch import nn
 
 from ..errors import PassError
 from ..options import TrainOptions
 from ..registry import register_pass
-from ..training import train_with_options
+from ..training import distill_from_options, held_out_loss, train_with_options
 from ..variant import PassContext, Variant
 from ._select import require_float
 
 
 class FinetuneOptions(TrainOptions):
-    """Fine-tuning options (the shared training options)."""
+    """Fine-tuning options: the shared training options, and which weights to keep."""
+
+    keep_best: bool = Field(
+        True,
+        description="Measure the training loss on the calibration split (held apart from the train "
+        "and evaluation splits) before training and after each epoch, and keep the weights where it "
+        "was lowest: a run that only makes the variant worse (too high an `lr`, e.g. after the "
+        "least-squares refit of `prune.structured`) returns it as it was, and says so in its info.",
+    )
 
 
 def train_with(
@@ -62,8 +72,65 @@ def finetune(model: nn.Module | None, ctx: PassContext, opts: FinetuneOptions) -
             hint="distill a pruned variant; outside a recipe pass the original: "
             "apply_pass('finetune', pruned, data, {'loss': 'distill'}, baseline=model)",
         )
-    stats = train_with(model.float(), ctx, opts, f"fine-tune {ctx.parent.name}", ctx.seed)
+    model = model.float()
+    keeper = _BestWeights(model, ctx, opts) if opts.keep_best else None
+    hooks = {"on_step": keeper.on_step, "on_epoch": keeper.on_epoch} if keeper else {}
+    stats = train_with(model, ctx, opts, f"fine-tune {ctx.parent.name}", ctx.seed, **hooks)
     info = {"finetuned_from": ctx.parent.name, **stats}
+    if keeper is not None:
+        info.update(keeper.restore())
     if opts.loss == "distill":
         info["teacher"] = ctx.baseline.name
     return ctx.variant(model, info=info)
+
+
+class _BestWeights:
+    """Scores the model on the calibration split before training and after each epoch, keeps a
+    copy of the best weights, and puts them back at the end."""
+
+    def __init__(self, model: nn.Module, ctx: PassContext, opts: TrainOptions) -> None:
+        self.model = model
+        distill = distill_from_options(opts, ctx.baseline.module, ctx.task == "features")
+        # Distillation without a train split trains on the calibration split: nothing is held apart.
+        self.held_apart = ctx.data.train is not None or distill is None
+        self.score = lambda: held_out_loss(
+            model,
+            ctx.data.calibration,
+            distill,
+            output=ctx.output,
+            use_labels=bool(ctx.data.use_labels),
+            device=ctx.train_device,
+        )
+        self.losses: list[float] = []
+        self.best: dict[str, torch.Tensor] | None = None
+
+    def _record(self) -> None:
+        if not self.held_apart:
+            return
+        self.losses.append(self.score())
+        if self.losses[-1] <= min(self.losses):
+            self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def on_step(self, done: int) -> None:
+        if done == 0:
+            self._record()
+
+    def on_epoch(self, epoch: int, loss: float) -> None:
+        self._record()
+
+    def restore(self) -> dict[str, Any]:
+        if not self.held_apart:
+            return {
+                "kept": "last (distillation trained on the calibration split: none held apart to choose by)"
+            }
+        kept = min(range(len(self.losses)), key=self.losses.__getitem__)
+        info: dict[str, Any] = {"held_out_loss": [round(v, 5) for v in self.losses], "kept_epoch": kept}
+        if kept != len(self.losses) - 1:
+            assert self.best is not None
+            self.model.load_state_dict(self.best)
+        if kept == 0:
+            info["kept"] = (
+                "the weights it started from: training only raised the loss on the calibration split "
+                "(try a lower `lr`)"
+            )
+        return info
