@@ -36,7 +36,7 @@ def train_with(
     the calibration split's where there is no train split. ``hooks``: ``on_step``/``on_epoch`` of
     :func:`torchtame.training.train`."""
     distill = opts.loss == "distill"
-    loader = ctx.data.train if ctx.data.train is not None or not distill else ctx.data.calibration
+    loader = _training_loader(ctx, opts)
     return train_with_options(
         model,
         loader,
@@ -51,6 +51,13 @@ def train_with(
         use_labels=bool(ctx.data.use_labels),
         **hooks,
     )
+
+
+def _training_loader(ctx: PassContext, opts: TrainOptions) -> Any:
+    """The train split; distillation without one trains on the calibration split's inputs."""
+    if ctx.data.train is not None or opts.loss != "distill":
+        return ctx.data.train
+    return ctx.data.calibration
 
 
 NAME = "finetune"
@@ -92,7 +99,7 @@ class _BestWeights:
         self.model = model
         distill = distill_from_options(opts, ctx.baseline.module, ctx.task == "features")
         # Distillation without a train split trains on the calibration split: nothing is held apart.
-        self.held_apart = ctx.data.train is not None or distill is None
+        self.held_apart = _training_loader(ctx, opts) is not ctx.data.calibration
         self.score = lambda: held_out_loss(
             model,
             ctx.data.calibration,
