@@ -73,9 +73,11 @@ def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(ref.flatten(1).float(), out.flatten(1).float()).mean().item()
 
 
-def synthetic(shape: list[int], n: int, batch: int) -> Any:
-    """Synthetic inputs of ``shape`` (calibration and evaluation drawn apart), seed 0."""
-    return load_data(SyntheticData(source="synthetic", shape=shape, num_samples=n, batch_size=batch), 0)
+def synthetic(shape: list[int], n: int, batch: int, train: int = 0) -> Any:
+    """Synthetic inputs of ``shape`` (calibration, evaluation and ``train`` samples of a train
+    split drawn apart), seed 0."""
+    spec = SyntheticData(source="synthetic", shape=shape, num_samples=n, batch_size=batch, train_samples=train)
+    return load_data(spec, 0)
 
 
 def agreement(ref: torch.Tensor, out: torch.Tensor) -> float:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 from torch.utils.data import TensorDataset
 
-from torchtame import DataError, load_data
+from torchtame import DataError, apply_pass, load_data
 from torchtame.data import DigitsData, ImageFolderData, PythonData, Split, SyntheticData
 
 
@@ -331,3 +332,22 @@ def test_synthetic_calibration_and_evaluation_are_drawn_apart() -> None:
     assert cal.shape == ev.shape and not torch.allclose(cal, ev)
     again = load_data(SyntheticData(source="synthetic", shape=[3, 4, 4], num_samples=8, batch_size=8), 0)
     assert torch.equal(next(iter(again.evaluation))[0], ev)  # still seeded
+
+
+def test_synthetic_train_split_is_drawn_apart_and_trains_distillation() -> None:
+    """`train_samples` gives synthetic data a train split of its own draws: distillation then
+    never trains on the batches that calibrate or pick the best epoch (finetune's keep_best)."""
+    spec = {"source": "synthetic", "shape": [8], "num_samples": 16, "batch_size": 8}
+    d = load_data(SyntheticData(**spec, train_samples=24), 0)
+    assert d.train is not None and len(d.train.dataset) == 24 and "train 24" in d.description
+    train = torch.cat([x for x, _ in d.train])
+    for split in (d.calibration, d.evaluation):
+        other = torch.cat([x for x, _ in split])
+        assert not any(torch.equal(t, o) for t in train for o in other)
+    assert load_data(SyntheticData(**spec), 0).train is None  # default: as before, no train split
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    opts = {"loss": "distill", "epochs": 2, "lr": 1e-3}
+    v = apply_pass("finetune", student, d, opts, baseline=teacher)
+    assert v.info["steps"] == 6 and len(v.info["held_out_loss"]) == 3  # 3 train batches a pass; scored

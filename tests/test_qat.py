@@ -112,3 +112,37 @@ def test_the_int8_model_is_the_one_qat_trained(trained_cnn, digits, mode: str) -
             converted = _convert(prepared, mode)(x)
     c = nn.functional.cosine_similarity(trained, converted).mean().item()
     assert c > 0.9999
+
+
+def test_fx_qat_clips_activations_where_the_int8_kernels_clip(trained_cnn, digits) -> None:
+    """x86 FX activations are 7-bit (scale and zero point for 0..127), but the int8 model's quint8
+    tensors hold 0..255: inputs beyond the calibrated range survive int8 where the default
+    fake-quantizer clips them. While QAT trains, KernelClip clips at 0..255 with the same scale,
+    and puts 0..127 back for conversion (which recomputes scale and zero point from it)."""
+    from types import SimpleNamespace
+
+    from torchtame.passes.qat import KernelClip, QatOptions, _convert, calibrate_ranges, prepare
+    from torchtame.runtime import quantized_engine
+
+    ctx = SimpleNamespace(example_input=digits.example_input(8), data=digits, progress=None)
+    opts = QatOptions(mode="fx")
+    prepared, _, _ = prepare(trained_cnn, ctx, opts, "x86")  # type: ignore[arg-type]
+    x = 3 * digits.example_input(64)  # three times the calibrated range: outliers everywhere
+    with quantized_engine("x86"), torch.no_grad():
+        prepared.eval()
+        calibrate_ranges(prepared, ctx, opts)  # type: ignore[arg-type]
+        seven_bit = prepared(x)
+        clip = KernelClip(prepared)
+        assert len(clip.changed) >= 5
+        kernels = prepared(x)
+        clip.restore()
+        for fq in clip.changed:
+            scale, _ = fq.calculate_qparams()
+            assert torch.allclose(fq.scale, scale, rtol=1e-5, atol=0)  # conversion's, unchanged
+        converted = _convert(prepared, "fx")(x)
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return nn.functional.cosine_similarity(a, b).mean().item()
+
+    assert cos(kernels, converted) > 0.9999
+    assert cos(seven_bit, converted) < cos(kernels, converted) - 1e-4  # what QAT trained before

@@ -47,8 +47,15 @@ class ImageFolderData(DataSourceOptions):
 class SyntheticData(DataSourceOptions):
     source: Literal["synthetic"]
     shape: list[int] = Field(description="Shape of one sample, e.g. [3, 224, 224].")
-    num_samples: int = Field(64, ge=1)
+    num_samples: int = Field(64, ge=1, description="Samples in each of calibration and evaluation.")
     distribution: Literal["normal", "uniform"] = "normal"
+    train_samples: int = Field(
+        0,
+        ge=0,
+        description="Samples of a train split drawn apart from calibration and evaluation (default 0: "
+        "none, and distillation trains on the calibration split). With one, training never sees "
+        "the batches that calibrate, choose the best epoch (finetune's keep_best) or score QAT's curve.",
+    )
 
 
 class TorchvisionData(DataSourceOptions):
@@ -104,16 +111,18 @@ def _synthetic(spec: SyntheticData, seed: int) -> DataBundle:
     evaluation samples are drawn from different seeds, so fidelity is never measured on the
     inputs int8 was calibrated on."""
 
-    def draw(stream: int) -> TensorDataset:
+    def draw(stream: int, n: int = spec.num_samples) -> TensorDataset:
         g = torch.Generator().manual_seed(seed * 1000 + stream)
-        shape = (spec.num_samples, *spec.shape)
+        shape = (n, *spec.shape)
         normal = spec.distribution == "normal"
         x = torch.randn(shape, generator=g) if normal else torch.rand(shape, generator=g)
-        return TensorDataset(x, torch.full((spec.num_samples,), -1, dtype=torch.int64))
+        return TensorDataset(x, torch.full((n,), -1, dtype=torch.int64))
 
-    _, cal, ev = make_loaders(spec, seed, None, draw(1), draw(2))
+    train = draw(3, spec.train_samples) if spec.train_samples else None
+    tr, cal, ev = make_loaders(spec, seed, train, draw(1), draw(2))
     shape = [spec.num_samples, *spec.shape]
-    return DataBundle(None, cal, ev, False, None, tuple(spec.shape), f"synthetic {shape}")
+    split = f", train {spec.train_samples}" if spec.train_samples else ""
+    return DataBundle(tr, cal, ev, False, None, tuple(spec.shape), f"synthetic {shape}{split}")
 
 
 @register_data_source("imagefolder", ImageFolderData)

@@ -209,7 +209,10 @@ def _prepare_fx(
         dtype=torch.qint8,
         qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
     )
-    mapping.set_global(tq.QConfig(activation=mapping.global_qconfig.activation, weight=weight))
+    # the default's arguments, but the plain FakeQuantize: it quantizes with the scale it stores
+    # (the fused kernel recomputes it from the observer each call), so KernelClip can widen its clip
+    activation = tq.FakeQuantize.with_args(**mapping.global_qconfig.activation.p.keywords)
+    mapping.set_global(tq.QConfig(activation=activation, weight=weight))
     for name in keep:
         mapping.set_module_name(name, None)
     try:
@@ -337,6 +340,34 @@ def calibrate_ranges(prepared: nn.Module, ctx: PassContext, opts: QatOptions) ->
     return used, summary
 
 
+class KernelClip:
+    """Fake-quantize activations with the clip the int8 kernels apply, not the 7-bit range.
+
+    x86 FX activations are ``reduce_range``: scale and zero point are computed for 0..127, but the
+    converted model's quint8 tensors hold 0..255, so values above the calibrated range survive
+    int8 where the fake-quantizer clipped them. Trained against the 7-bit clip, QAT learns a model
+    that is not the one converted. While training, the activation fake-quantizers whose ranges are
+    fixed (observer off) clip at 0..255 with the scale they store (``FakeQuantize`` reads the
+    observer's ``quant_max`` to clip); :meth:`restore` puts 0..127 back before conversion, which
+    recomputes scale and zero point from the observer and its range.
+    """
+
+    def __init__(self, prepared: nn.Module) -> None:
+        self.changed: list[nn.Module] = []
+        for fq in _activation_quantizers(prepared):
+            obs = fq.activation_post_process
+            if obs.dtype != torch.quint8 or not getattr(obs, "reduce_range", False) or obs.quant_max != 127:
+                continue
+            if bool(getattr(fq, "observer_enabled", torch.ones(1))[0]):
+                continue  # a range still moving: its scale is recomputed from quant_max each step
+            obs.quant_max = 255
+            self.changed.append(fq)
+
+    def restore(self) -> None:
+        for fq in self.changed:
+            fq.activation_post_process.quant_max = 127
+
+
 def _steps(ctx: PassContext, opts: QatOptions) -> int:
     if opts.steps is not None:
         return opts.steps
@@ -373,6 +404,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
     with quantized_engine(backend if mode == "fx" else None):
         prepared.eval()
         used, ranges = calibrate_ranges(prepared, ctx, opts)
+        clip = KernelClip(prepared)
         curve = Curve(
             prepared,
             ctx.baseline.module if ctx.baseline.module is not None else float_model,
@@ -394,6 +426,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         )
         prepared.eval()
         trained = curve.outputs(prepared)
+        clip.restore()
         q = _convert(prepared, mode)
         converted = compare_outputs(trained, curve.outputs(q))["cosine_similarity"]
     graph = inspect_pt2e(q) if mode == "pt2e" else inspect_fx(q)  # type: ignore[arg-type]
