@@ -11,9 +11,10 @@ trained). The weights learn to sit where int8 rounds them well; the weights' obs
 after 2/3 of the steps. The result is converted like post-training int8, and
 ``info.int8_vs_trained_cosine`` says how close the int8 model is to the one trained.
 
-x86 FX activations are 7-bit (``reduce_range``) and its int8 kernels do not clip at the 7-bit
-range the fake-quantizer clips at, so outliers differ between the two (cosine 0.996 on a trained
-digits MobileNetV2 with ReLU6); PT2E's activations are 8-bit and the two agree (0.99999).
+x86 FX activations are 7-bit (``reduce_range``) but its int8 kernels clip at 8 bits; while
+training, :class:`KernelClip` clips where the kernels do (without it, int8 against the trained
+model: cosine 0.996 on a trained digits MobileNetV2 with ReLU6; with it 0.9998). PT2E's
+activations are 8-bit and the two agree (0.99999).
 
 - ``pt2e``: torchao's ``prepare_qat_pt2e`` with the X86 Inductor quantizer's QAT config on
   torchtame's normalised export (conv-BN pairs fused for training), converted by
