@@ -118,8 +118,7 @@ def train(
     opt = make_optimizer(model, optimizer, lr, weight_decay)
     total = steps if steps is not None else (epochs or 1) * len(loader)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
-    with_labels = use_labels and (distill is None or distill.alpha > 0)
-    objective = _Objective(model, teacher, distill, output, with_labels)
+    objective = _Objective(model, distill, output, use_labels)
     epoch_losses: list[float] = []
     done = 0
     if on_step is not None:
@@ -176,18 +175,15 @@ def _check_trainable(loader: DataLoader | None, distill: Distill | None, use_lab
 
 
 class _Objective:
-    """The loss of one batch: cross-entropy on labels, distillation from the teacher, or their mix."""
+    """The loss of one batch: cross-entropy on labels, distillation from the teacher, or their mix
+    (labels count where they may be used and distillation's ``alpha`` gives them weight)."""
 
     def __init__(
-        self,
-        model: nn.Module,
-        teacher: nn.Module | None,
-        distill: Distill | None,
-        output: str | int | None,
-        with_labels: bool,
+        self, model: nn.Module, distill: Distill | None, output: str | int | None, use_labels: bool
     ) -> None:
-        self.model, self.teacher, self.distill, self.output = model, teacher, distill, output
-        self.with_labels = with_labels
+        self.model, self.distill, self.output = model, distill, output
+        self.teacher = distill.teacher if distill is not None else None
+        self.with_labels = use_labels and (distill is None or distill.alpha > 0)
         self.ce = nn.CrossEntropyLoss()
 
     def __call__(self, x: Any, y: torch.Tensor, done: int) -> torch.Tensor:
@@ -236,8 +232,7 @@ def held_out_loss(
     """The training objective (as :func:`train` computes it) on up to ``max_batches`` batches of a
     split held apart from training, the model in eval mode; leaves the mode as it found it."""
     was_training = model.training
-    with_labels = use_labels and (distill is None or distill.alpha > 0)
-    objective = _Objective(model, distill.teacher if distill else None, distill, output, with_labels)
+    objective = _Objective(model, distill, output, use_labels)
     total, count = 0.0, 0
     model.eval()
     try:
