@@ -76,7 +76,9 @@ def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
 def synthetic(shape: list[int], n: int, batch: int, train: int = 0) -> Any:
     """Synthetic inputs of ``shape`` (calibration, evaluation and ``train`` samples of a train
     split drawn apart), seed 0."""
-    spec = SyntheticData(source="synthetic", shape=shape, num_samples=n, batch_size=batch, train_samples=train)
+    spec = SyntheticData(
+        source="synthetic", shape=shape, num_samples=n, batch_size=batch, train_samples=train
+    )
     return load_data(spec, 0)
 
 
