@@ -188,3 +188,63 @@ def test_distillation_on_nearly_flat_class_scores_can_match_the_scores() -> None
         opts = {"loss": "distill", "epochs": 2, "lr": 2e-3, "logits_loss": loss}
         after[loss] = cos(apply_pass("finetune", pruned, data, opts, baseline=model, **kw).module)
     assert after["cosine"] > max(after["kl"], cos(pruned.module)) + 1e-3, after
+
+
+class _Spy(torch.nn.Module):
+    """A linear classifier that records the inputs it was called with."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc = torch.nn.Linear(4, 3)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        return self.fc(x)
+
+
+def test_mixup_shows_teacher_and_student_the_same_mixed_inputs_and_mixes_labels() -> None:
+    from torchtame.training import Distill, Mixup, _Objective
+
+    x, y = torch.randn(8, 4), torch.arange(8) % 3
+    student, teacher = _Spy(0), _Spy(1)
+    objective = _Objective(student, Distill(teacher, logits_loss="mse"), None, True, Mixup(0.4, seed=3))
+    loss = objective(x, y, 0)
+    mixed = student.seen[0]
+    assert torch.equal(mixed, teacher.seen[0]) and not torch.allclose(mixed, x)
+    again, perm, lam = Mixup(0.4, seed=3)(x)  # reproducible from the seed
+    assert torch.equal(again, mixed) and 0 < lam < 1
+    assert torch.allclose(mixed, lam * x + (1 - lam) * x[perm])
+    assert torch.allclose(loss, torch.nn.functional.mse_loss(student.fc(mixed), teacher.fc(mixed)))
+    # cross-entropy weighs both labels of each mixed input
+    ce = _Objective(student, None, None, True, Mixup(0.4, seed=3))(x, y, 0)
+    out = student.fc(mixed)
+    ref = lam * torch.nn.functional.cross_entropy(out, y) + (1 - lam) * torch.nn.functional.cross_entropy(
+        out, y[perm]
+    )
+    assert torch.allclose(ce, ref)
+
+
+def test_mixup_refuses_token_ids_before_a_step_and_trains_a_distillation(trained_cnn) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchtame.training import Distill, train
+
+    tokens = DataLoader(
+        TensorDataset(torch.randint(0, 9, (8, 4)), torch.zeros(8, dtype=torch.long)), batch_size=4
+    )
+    student = torch.nn.Sequential(torch.nn.Embedding(9, 3), torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    before = [p.detach().clone() for p in student.parameters()]
+    with pytest.raises(DataError, match=r"mixup.*int64") as err:
+        train(student, tokens, steps=2, distill=Distill(student), mixup=0.4)
+    assert "mixup: 0" in str(err.value.hint)
+    assert all(torch.equal(a, b) for a, b in zip(before, student.parameters(), strict=True))
+    data = load_data(DigitsData(source="digits", batch_size=64, labels="ignore"), 0)
+    pruned = apply_pass("prune.structured", trained_cnn, data, {"ratio": 0.5, **NO_REFIT})
+    opts = {"loss": "distill", "epochs": 2, "lr": 2e-3, "mixup": 0.4}
+    tuned = apply_pass("finetune", pruned, data, opts, baseline=trained_cnn)
+    digits = load_data(DigitsData(source="digits", batch_size=64), 0)
+    assert agreement(tuned.module, trained_cnn, digits.evaluation) > agreement(
+        pruned.module, trained_cnn, digits.evaluation
+    )

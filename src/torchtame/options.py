@@ -50,6 +50,15 @@ class TrainOptions(Strict):
         "`temperature`), or cosine / mse on the scores themselves (what fidelity measures; it keeps "
         "learning where the teacher's scores are nearly flat, as in untrained or random-weight models).",
     )
+    mixup: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="Train on mixed pairs of inputs (mixup, Beta(mixup, mixup) weights; 0: off). With "
+        "`loss: distill` the teacher sees the same mixed inputs, so the student learns the teacher between "
+        "samples as well as on them (function matching); cross-entropy mixes the two labels. Float tensor "
+        "inputs only (images, features), not token ids.",
+    )
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainOptions:

@@ -95,6 +95,7 @@ def train(
     use_labels: bool = True,
     on_step: Callable[[int], None] | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
+    mixup: float = 0.0,
 ) -> dict[str, Any]:
     """Train ``model`` in place on its measured ``output``: cross-entropy on labels, or
     distillation from ``distill.teacher`` (no labels needed; mixed with cross-entropy by
@@ -103,8 +104,8 @@ def train(
     Runs ``epochs`` passes over ``loader`` or exactly ``steps`` optimizer steps (cycling the loader).
     ``on_step(steps done)`` runs once before the first step (0, the model in training mode) and
     after every optimizer step; ``on_epoch(epoch, mean loss)`` after
-    every pass (quantization-aware training freezes and records there). The model is left in eval
-    mode on the CPU.
+    every pass (quantization-aware training freezes and records there). ``mixup`` > 0 trains on
+    mixed pairs of inputs (:class:`Mixup`). The model is left in eval mode on the CPU.
     """
     _check_trainable(loader, distill, use_labels)
     assert loader is not None
@@ -118,7 +119,7 @@ def train(
     opt = make_optimizer(model, optimizer, lr, weight_decay)
     total = steps if steps is not None else (epochs or 1) * len(loader)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
-    objective = _Objective(model, distill, output, use_labels)
+    objective = _Objective(model, distill, output, use_labels, Mixup(mixup, seed) if mixup > 0 else None)
     epoch_losses: list[float] = []
     done = 0
     if on_step is not None:
@@ -174,17 +175,53 @@ def _check_trainable(loader: DataLoader | None, distill: Distill | None, use_lab
         )
 
 
+class Mixup:
+    """Mixed pairs of inputs (Zhang et al. 2018): ``lam * x + (1 - lam) * x[perm]`` with ``lam`` drawn
+    from Beta(alpha, alpha) per batch, reproducibly from ``seed``. Under distillation the teacher
+    scores the same mixed inputs ("function matching", Beyer et al. 2022), so the student also
+    learns the teacher between the training samples; cross-entropy weighs both labels by ``lam``."""
+
+    def __init__(self, alpha: float, seed: int) -> None:
+        import numpy as np
+
+        self.alpha = alpha
+        self.rng = np.random.default_rng(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, x: Any) -> tuple[torch.Tensor, torch.Tensor, float]:
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            kind = type(x).__name__ if not isinstance(x, torch.Tensor) else f"{x.dtype} tensor"
+            raise DataError(
+                f"`mixup` mixes float inputs (images, features), but this model's inputs are {kind}",
+                hint="set `mixup: 0` for token ids or structured inputs",
+            )
+        lam = float(self.rng.beta(self.alpha, self.alpha))
+        perm = torch.randperm(x.shape[0], generator=self.generator).to(x.device)
+        return lam * x + (1.0 - lam) * x[perm], perm, lam
+
+
 class _Objective:
     """The loss of one batch: cross-entropy on labels, distillation from the teacher, or their mix
-    (labels count where they may be used and distillation's ``alpha`` gives them weight)."""
+    (labels count where they may be used and distillation's ``alpha`` gives them weight); on mixed
+    inputs where ``mixup`` is given."""
 
     def __init__(
-        self, model: nn.Module, distill: Distill | None, output: str | int | None, use_labels: bool
+        self,
+        model: nn.Module,
+        distill: Distill | None,
+        output: str | int | None,
+        use_labels: bool,
+        mixup: Mixup | None = None,
     ) -> None:
-        self.model, self.distill, self.output = model, distill, output
+        self.model, self.distill, self.output, self.mixup = model, distill, output, mixup
         self.teacher = distill.teacher if distill is not None else None
         self.with_labels = use_labels and (distill is None or distill.alpha > 0)
         self.ce = nn.CrossEntropyLoss()
+
+    def _ce(self, out: torch.Tensor, y: torch.Tensor, perm: torch.Tensor | None, lam: float) -> torch.Tensor:
+        if perm is None:
+            return self.ce(out, y)
+        return lam * self.ce(out, y) + (1.0 - lam) * self.ce(out, y[perm])
 
     def __call__(self, x: Any, y: torch.Tensor, done: int) -> torch.Tensor:
         if self.with_labels and (y < 0).any():
@@ -192,16 +229,19 @@ class _Objective:
                 "training needs labels, but the data has label -1 (unlabelled)",
                 hint="use `loss: distill` with `alpha: 0` (no labels needed)",
             )
+        perm, lam = None, 1.0
+        if self.mixup is not None:
+            x, perm, lam = self.mixup(x)
         out = select_output(call(self.model, x), self.output)
         if self.distill is None:
-            loss = self.ce(out, y)
+            loss = self._ce(out, y, perm, lam)
         else:
             assert self.teacher is not None
             with torch.no_grad():
                 target = select_output(call(self.teacher, x), self.output)
             loss = self.distill.loss(out, target)
             if self.with_labels:
-                loss = self.distill.alpha * self.ce(out, y) + (1 - self.distill.alpha) * loss
+                loss = self.distill.alpha * self._ce(out, y, perm, lam) + (1 - self.distill.alpha) * loss
         if not torch.isfinite(loss):
             raise DataError(
                 f"training diverged (loss {loss.item()}) after {done} steps",
@@ -284,5 +324,6 @@ def train_with_options(
         output=output,
         distill=distill,
         use_labels=use_labels,
+        mixup=opts.mixup,
         **hooks,
     )
