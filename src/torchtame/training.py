@@ -39,13 +39,26 @@ def recalibrate_batchnorm(model: nn.Module, batches: Any) -> nn.Module:
     return model.eval()
 
 
+LR_SCALE = "torchtame_lr_scale"
+
+
 def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+    """The optimizer over the trainable parameters. A parameter with a ``torchtame_lr_scale``
+    attribute (:data:`LR_SCALE`) trains in its own group at ``lr`` times that scale, without weight
+    decay (QAT's learned activation ranges); the rest at ``lr``."""
+    scales: dict[float, list[nn.Parameter]] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            scales.setdefault(float(getattr(p, LR_SCALE, 1.0)), []).append(p)
+    groups = [
+        {"params": ps, "lr": lr * k, "weight_decay": weight_decay if k == 1.0 else 0.0}
+        for k, ps in sorted(scales.items())
+    ]
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, weight_decay=weight_decay)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay)
 
 
 @dataclass(frozen=True)
@@ -118,7 +131,8 @@ def train(
     teacher = distill.teacher.to(device).eval() if distill is not None else None
     opt = make_optimizer(model, optimizer, lr, weight_decay)
     total = steps if steps is not None else (epochs or 1) * len(loader)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
+    peaks = [group["lr"] for group in opt.param_groups]
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=peaks, total_steps=total)
     objective = _Objective(model, distill, output, use_labels, Mixup(mixup, seed) if mixup > 0 else None)
     epoch_losses: list[float] = []
     done = 0

@@ -99,6 +99,17 @@ class QatOptions(TrainOptions):
         2, ge=1, description="Calibration batches (after those used to calibrate) scored per epoch."
     )
     keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
+    learn_ranges: bool = Field(
+        False,
+        description="Learn each activation's quantization scale while training (LSQ: gradient through "
+        "rounding and clipping), starting from the calibrated range.",
+    )
+    range_lr: float = Field(
+        1e-3,
+        gt=0,
+        description="learn_ranges: peak learning rate of the log of each activation scale (1e-3: about "
+        "0.1% of the scale per step).",
+    )
 
 
 def _held_batches(ctx: PassContext, opts: QatOptions) -> list[Any]:
@@ -369,6 +380,72 @@ class KernelClip:
             fq.activation_post_process.quant_max = 127
 
 
+class _LearnedScale:
+    """Fake-quantize with a learned scale (mixed into the fake-quantizer's own class, so FX's and
+    PT2E's conversion take it through ``calculate_qparams``).
+
+    LSQ (Esser et al. 2020): the gradient reaches the scale through rounding and clipping
+    (``torch._fake_quantize_learnable_per_tensor_affine``). The log of the scale is learned, so
+    one learning rate moves every tensor's scale by the same fraction whatever its size; the zero
+    point stays the calibrated one. torchao's ``LearnableFakeQuantize`` learns the raw scale at the
+    weights' learning rate (1e-5 moves a scale of 0.02 by 0.05% per step) and replaces the
+    observer that the range search sets.
+    """
+
+    log_scale: nn.Parameter
+    fake_quant_enabled: torch.Tensor
+    activation_post_process: nn.Module
+    zero_point: torch.Tensor
+    scale: torch.Tensor
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if not bool(self.fake_quant_enabled[0]):
+            return X
+        obs = self.activation_post_process
+        zero_point = self.zero_point.to(X.dtype)
+        return torch._fake_quantize_learnable_per_tensor_affine(
+            X, self.log_scale.exp(), zero_point, obs.quant_min, obs.quant_max, 1.0
+        )
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.log_scale.detach().exp().reshape(self.scale.shape), self.zero_point.clone()
+
+
+def learn_ranges(prepared: nn.Module, lr_scale: float) -> list[nn.Module]:
+    """Give every calibrated activation fake-quantizer a learned scale (:class:`_LearnedScale`);
+    ``lr_scale``: its learning rate relative to the weights'."""
+    from ..training import LR_SCALE
+
+    learned = []
+    for fq in _activation_quantizers(prepared):
+        if bool(getattr(fq, "observer_enabled", torch.ones(1))[0]):
+            continue  # not calibrated by the range search: its observer still sets it
+        fq.log_scale = nn.Parameter(fq.scale.detach().float().clamp(min=1e-8).log().reshape(1))
+        setattr(fq.log_scale, LR_SCALE, lr_scale)
+        base = type(fq)
+        # its methods copied into a subclass of the fake-quantizer's own class (a mixin base would
+        # change the instance layout, which ``__class__`` assignment refuses)
+        methods = {"forward": _LearnedScale.forward, "calculate_qparams": _LearnedScale.calculate_qparams}
+        fq.__class__ = type(f"Learned{base.__name__}", (base,), methods)
+        learned.append(fq)
+    return learned
+
+
+def _range_changes(learned: list[nn.Module], start: list[float]) -> dict[str, Any]:
+    """How far the learned scales moved from the calibrated ones (ratios)."""
+    ratios = [float(fq.log_scale.detach().exp()) / s0 for fq, s0 in zip(learned, start, strict=True)]
+    for fq in learned:
+        fq.scale.copy_(fq.log_scale.detach().exp().reshape(fq.scale.shape))
+    if not ratios:
+        return {"tensors": 0}
+    return {
+        "tensors": len(ratios),
+        "scale_ratio_min": round(min(ratios), 4),
+        "scale_ratio_median": round(sorted(ratios)[len(ratios) // 2], 4),
+        "scale_ratio_max": round(max(ratios), 4),
+    }
+
+
 def _steps(ctx: PassContext, opts: QatOptions) -> int:
     if opts.steps is not None:
         return opts.steps
@@ -406,6 +483,8 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         prepared.eval()
         used, ranges = calibrate_ranges(prepared, ctx, opts)
         clip = KernelClip(prepared)
+        learned = learn_ranges(prepared, opts.range_lr / opts.lr) if opts.learn_ranges else []
+        start = [float(fq.scale.reshape(-1)[0]) for fq in learned]
         curve = Curve(
             prepared,
             ctx.baseline.module if ctx.baseline.module is not None else float_model,
@@ -427,6 +506,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         )
         prepared.eval()
         trained = curve.outputs(prepared)
+        moved = _range_changes(learned, start) if opts.learn_ranges else None
         clip.restore()
         q = _convert(prepared, mode)
         converted = compare_outputs(trained, curve.outputs(q))["cosine_similarity"]
@@ -445,6 +525,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         "backend": "x86 inductor" if mode == "pt2e" else backend,
         "calibration_batches": used,
         "activation_ranges": {"method": opts.activation_ranges, **ranges},
+        **({"learned_ranges": moved} if moved is not None else {}),
         "training": {k: v for k, v in stats.items() if k != "epoch_losses"},
         **frozen,
         "curve": curve.points,
