@@ -146,3 +146,63 @@ def test_fx_qat_clips_activations_where_the_int8_kernels_clip(trained_cnn, digit
 
     assert cos(kernels, converted) > 0.9999
     assert cos(seven_bit, converted) < cos(kernels, converted) - 1e-4  # what QAT trained before
+
+
+@pytest.mark.parametrize("mode", ["fx", "pt2e"])
+def test_qat_learns_activation_scales_and_the_int8_model_uses_them(trained_cnn, digits, mode: str) -> None:
+    """learn_ranges (LSQ): the loss reaches every calibrated activation scale, which trains in its
+    own optimizer group at ``range_lr``, and conversion takes the learned scales, so the int8 model
+    is the one trained, not the calibrated one."""
+    import math
+    from types import SimpleNamespace
+
+    from torchtame.passes.qat import (
+        KernelClip,
+        QatOptions,
+        _convert,
+        _range_changes,
+        calibrate_ranges,
+        learn_ranges,
+        prepare,
+    )
+    from torchtame.runtime import quantized_engine
+    from torchtame.training import make_optimizer
+
+    ctx = SimpleNamespace(example_input=digits.example_input(8), data=digits, progress=None)
+    opts = QatOptions(mode=mode)
+    prepared, _, _ = prepare(trained_cnn, ctx, opts, "x86")  # type: ignore[arg-type]
+    x = digits.example_input(64)
+    with quantized_engine("x86" if mode == "fx" else None):
+        prepared.eval()
+        calibrate_ranges(prepared, ctx, opts)  # type: ignore[arg-type]
+        clip = KernelClip(prepared)
+        with torch.no_grad():
+            calibrated = prepared(x)
+        learned = learn_ranges(prepared, 1000.0)
+        assert len(learned) >= 5
+        start = [float(fq.scale.reshape(-1)[0]) for fq in learned]
+        prepared(x).square().sum().backward()
+        assert sum(bool(fq.log_scale.grad.abs().sum() > 0) for fq in learned) >= len(learned) - 1
+
+        opt = make_optimizer(prepared, "adam", 1e-5, 0.0)
+        by_lr = {g["lr"]: {id(p) for p in g["params"]} for g in opt.param_groups}
+        assert sorted(by_lr) == [1e-5, pytest.approx(1e-2)]
+        assert {id(fq.log_scale) for fq in learned} == by_lr[max(by_lr)]
+
+        with torch.no_grad():
+            for fq in learned:
+                fq.log_scale += math.log(0.8)  # what training might have learned
+            trained = prepared(x)
+        moved = _range_changes(learned, start)
+        assert moved["tensors"] == len(learned) and moved["scale_ratio_median"] == pytest.approx(
+            0.8, abs=1e-3
+        )
+        clip.restore()
+        with torch.no_grad():
+            converted = _convert(prepared, mode)(x)
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return nn.functional.cosine_similarity(a, b).mean().item()
+
+    assert cos(trained, converted) > 0.9999
+    assert cos(calibrated, converted) < cos(trained, converted) - 1e-5  # not the calibrated scales

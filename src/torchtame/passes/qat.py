@@ -3,12 +3,15 @@
 The float model is fake-quantized (int8 rounding simulated in float, with straight-through
 gradients) with weight fake-quantizers that round as the converted model will (the default
 configs' fused kernel does not: :func:`weight_fake_quant`). Calibration sets the activation ranges
-by the same histogram search post-training int8 uses (``activation_ranges: range_search``) and
-keeps them. The model is then trained with the shared training loop: cross-entropy on labels, or
-distillation from the baseline (``loss: distill``, the default: no labels needed; cosine loss on
-class scores), at a small learning rate, BatchNorm statistics frozen from the start (the model is
+by the same histogram search post-training int8 uses (``activation_ranges: range_search``). The
+model is then trained with the shared training loop: cross-entropy on labels, or distillation
+from the baseline (``loss: distill``, the default: no labels needed; cosine loss on class
+scores), at a small learning rate, BatchNorm statistics frozen from the start (the model is
 trained). The weights learn to sit where int8 rounds them well; the weights' observers freeze
-after 2/3 of the steps. The result is converted like post-training int8, and
+after 2/3 of the steps. The activation scales are learned too, from the calibrated ones, at their
+own learning rate (``learn_ranges``, LSQ; on a trained digits MobileNetV2 with per-tensor weights,
+FX, 20 epochs: 63% of the post-training cosine gap closed, against 39% with the calibrated scales
+kept; benchmarks/compression.py). The result is converted like post-training int8, and
 ``info.int8_vs_trained_cosine`` says how close the int8 model is to the one trained.
 
 x86 FX activations are 7-bit (``reduce_range``) but its int8 kernels clip at 8 bits; while
@@ -100,15 +103,15 @@ class QatOptions(TrainOptions):
     )
     keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
     learn_ranges: bool = Field(
-        False,
+        True,
         description="Learn each activation's quantization scale while training (LSQ: gradient through "
-        "rounding and clipping), starting from the calibrated range.",
+        "rounding and clipping), starting from the calibrated range (false: the calibrated scales stay).",
     )
     range_lr: float = Field(
-        1e-3,
+        1e-2,
         gt=0,
-        description="learn_ranges: peak learning rate of the log of each activation scale (1e-3: about "
-        "0.1% of the scale per step).",
+        description="learn_ranges: peak learning rate of the log of each activation scale (1e-2: at most "
+        "about 1% of the scale per step).",
     )
 
 
@@ -437,7 +440,13 @@ def _range_changes(learned: list[nn.Module], start: list[float]) -> dict[str, An
     for fq in learned:
         fq.scale.copy_(fq.log_scale.detach().exp().reshape(fq.scale.shape))
     if not ratios:
-        return {"tensors": 0}
+        log.info(
+            "quantize.qat: learn_ranges found no calibrated activation range to learn (observers set them)"
+        )
+        return {
+            "tensors": 0,
+            "why": "no activation range set by the range search (activation_ranges: minmax)",
+        }
     return {
         "tensors": len(ratios),
         "scale_ratio_min": round(min(ratios), 4),
