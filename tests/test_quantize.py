@@ -240,3 +240,68 @@ def test_dynamic_int8_transformer_runs_in_the_pipeline(tmp_path: Path) -> None:
     assert v["status"] == "ok", v.get("error")
     assert v["accuracy"]["top1_agreement"] >= 90
     assert v["artifact"][0].endswith("model.ts")
+
+
+class _DigitsMobileNet(nn.Module):
+    """torchvision's mobilenet_v2 (width 0.5) on the 8x8 digits, upsampled to 3x32x32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchvision
+
+        self.net = torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(nn.functional.interpolate(x, scale_factor=4).repeat(1, 3, 1, 1))
+
+
+@pytest.mark.skipif(
+    "onednn" not in torch.backends.quantized.supported_engines, reason="needs the onednn engine"
+)
+def test_static_fx_takes_onednn_with_8_bit_activations_that_its_kernels_reproduce(digits) -> None:
+    """FX int8 defaults to onednn with 8-bit activations: on torchvision's MobileNetV2 (trained
+    here on the digits) its kernels compute what the int8 model simulated exactly (torch.ao's
+    reference model) computes, and keep more of float than x86's 7-bit activations. fbgemm's
+    kernels saturate with 8-bit activations (16-bit pair sums), the reason x86 calibrates 7 bits."""
+    import copy
+
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, convert_to_reference_fx, prepare_fx
+
+    from torchtame.passes.static.fx import StaticOptions, build_qconfig
+    from torchtame.runtime import quantized_engine
+    from torchtame.training import train
+
+    torch.manual_seed(0)
+    model = _DigitsMobileNet()
+    train(model, digits.train, epochs=4, lr=3e-3, seed=0)
+    model.eval()
+    default = apply_pass("quantize.static", model, digits, {"mode": "fx"})
+    seven_bit = apply_pass("quantize.static", model, digits, {"mode": "fx", "backend": "x86"})
+    assert default.info["backend"] == "onednn" and seven_bit.info["backend"] == "x86"
+    assert build_qconfig(StaticOptions(), "onednn").activation().reduce_range is False
+    assert build_qconfig(StaticOptions(), "x86").activation().reduce_range is True
+    x = torch.cat([b for b, _ in digits.evaluation])
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return nn.functional.cosine_similarity(a, b).mean().item()
+
+    with torch.no_grad():
+        ref = model(x)
+        with quantized_engine("onednn"):
+            eight = cos(ref, default.module(x))
+        with quantized_engine("x86"):
+            seven = cos(ref, seven_bit.module(x))
+    assert 1 - eight < 0.7 * (1 - seven), (eight, seven)  # measured: 0.9964 against 0.9899
+
+    def kernels_vs_simulated(engine: str) -> float:
+        with quantized_engine(engine), torch.no_grad():
+            mapping = get_default_qconfig_mapping(engine).set_global(build_qconfig(StaticOptions(), "onednn"))
+            prepared = prepare_fx(copy.deepcopy(model), mapping, (x[:2],))
+            for b, _ in list(digits.calibration)[:4]:
+                prepared(b)
+            simulated = convert_to_reference_fx(copy.deepcopy(prepared))(x)
+            return cos(simulated, convert_fx(prepared)(x))
+
+    onednn, fbgemm = kernels_vs_simulated("onednn"), kernels_vs_simulated("fbgemm")
+    assert onednn > 0.9995 and fbgemm < onednn - 0.01, (onednn, fbgemm)  # measured 0.99987 / 0.936

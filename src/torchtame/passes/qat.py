@@ -481,7 +481,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
     require_float(ctx, NAME, "start QAT `from:` a float variant (baseline, pruned, fine-tuned)", float32=True)
     if opts.loss == "distill" and ctx.baseline.module is None:
         raise PassError("`loss: distill` learns from the baseline, which has no torch module here")
-    backend = check_backend(None)
+    backend = check_backend(None, static=True)
     float_model = model.float().eval()
     student = copy.deepcopy(float_model)
     for m in student.modules():  # QAT here recovers fidelity to float: dropout noise only hides it

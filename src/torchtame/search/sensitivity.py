@@ -103,7 +103,7 @@ def quantization_sensitivity(
     import copy
 
     opts = opts or StaticOptions()
-    backend = check_backend(opts.backend)
+    backend = check_backend(opts.backend, static=True)
     progress = progress or NullProgress()
     layers = weight_layers(model)
     out = []

@@ -272,7 +272,7 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
         "start this step `from:` a float variant (baseline, pruned, fine-tuned)",
         float32=True,
     )
-    backend = check_backend(opts.backend)
+    backend = check_backend(opts.backend, static=True)
     choice: dict[str, Any] | None = None
     if opts.mode == "auto":
         q, mode, choice = choose(model, ctx, opts, backend)

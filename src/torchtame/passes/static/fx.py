@@ -25,7 +25,11 @@ class StaticOptions(RecoveryOptions):
         "to PT2E when FX falls short; fx: torch.ao FX graph mode; pt2e: torch.export + torchao's "
         "X86 Inductor quantizer, measured compiled; eager: torch.ao eager mode (QuantStub models).",
     )
-    backend: Backend | None = None
+    backend: Backend | None = Field(
+        None,
+        description="Quantized engine for FX/eager int8 (default: onednn on x86 CPUs, 8-bit activations; "
+        "x86/fbgemm calibrate 7-bit activations, which their kernels need).",
+    )
     calibration_batches: int | None = Field(None, ge=1, description="Default: the whole split.")
     activation_observer: Literal["minmax", "moving_average", "histogram", "range_search"] = Field(
         "histogram",
