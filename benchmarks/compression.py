@@ -137,8 +137,9 @@ class DigitsMobileNet(nn.Module):
 
 def digits_mobilenet_qat(quick: bool) -> dict[str, Any]:
     """A trained depthwise CNN whose post-training int8 loses top-1 agreement: PTQ against QAT
-    (defaults: 3 epochs, distilled from float without labels), each mode (FX: 7-bit activations,
-    eager x86 kernels; PT2E: what `mode: auto` builds), on the evaluation split."""
+    (defaults: 3 epochs, distilled from float without labels), each mode (FX: eager int8 kernels
+    of the static engine, onednn with 8-bit activations on x86 CPUs; PT2E: what `mode: auto`
+    builds), on the evaluation split."""
     from torchtame.data import DigitsData
     from torchtame.training import train
 

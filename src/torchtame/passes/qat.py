@@ -14,15 +14,16 @@ FX, 20 epochs: 63% of the post-training cosine gap closed, against 39% with the 
 kept; benchmarks/compression.py). The result is converted like post-training int8, and
 ``info.int8_vs_trained_cosine`` says how close the int8 model is to the one trained.
 
-x86 FX activations are 7-bit (``reduce_range``) but its int8 kernels clip at 8 bits; while
-training, :class:`KernelClip` clips where the kernels do (without it, int8 against the trained
-model: cosine 0.996 on a trained digits MobileNetV2 with ReLU6; with it 0.9998). PT2E's
-activations are 8-bit and the two agree (0.99999).
+FX QAT runs on the engine ``quantize.static`` picks (onednn on x86 CPUs: 8-bit activations).
+On the x86/fbgemm engines FX activations are 7-bit (``reduce_range``) but the int8 kernels clip at
+8 bits; there, while training, :class:`KernelClip` clips where the kernels do (without it, int8
+against the trained model: cosine 0.996 on a trained digits MobileNetV2 with ReLU6; with it
+0.9998). PT2E's activations are 8-bit and the two agree (0.99999).
 
 - ``pt2e``: torchao's ``prepare_qat_pt2e`` with the X86 Inductor quantizer's QAT config on
   torchtame's normalised export (conv-BN pairs fused for training), converted by
   ``convert_pt2e`` and measured compiled, as ``quantize.static``'s PT2E variants are.
-- ``fx``: torch.ao's ``prepare_qat_fx`` for models only FX can trace (x86 kernels, eager).
+- ``fx``: torch.ao's ``prepare_qat_fx`` for models only FX can trace (eager int8 kernels).
 - ``auto``: PT2E where torch.export captures the model and the quantizer annotates it, else FX.
   (Unlike ``quantize.static``, auto does not train both to compare them: training twice costs
   twice; its reason is recorded.)
@@ -423,6 +424,7 @@ def learn_ranges(prepared: nn.Module, lr_scale: float) -> list[nn.Module]:
     for fq in _activation_quantizers(prepared):
         if bool(getattr(fq, "observer_enabled", torch.ones(1))[0]):
             continue  # not calibrated by the range search: its observer still sets it
+        fq.calibrated_scale = float(fq.scale.reshape(-1)[0])
         fq.log_scale = nn.Parameter(fq.scale.detach().float().clamp(min=1e-8).log().reshape(1))
         setattr(fq.log_scale, LR_SCALE, lr_scale)
         base = type(fq)
@@ -434,9 +436,10 @@ def learn_ranges(prepared: nn.Module, lr_scale: float) -> list[nn.Module]:
     return learned
 
 
-def _range_changes(learned: list[nn.Module], start: list[float]) -> dict[str, Any]:
-    """How far the learned scales moved from the calibrated ones (ratios)."""
-    ratios = [float(fq.log_scale.detach().exp()) / s0 for fq, s0 in zip(learned, start, strict=True)]
+def _range_changes(learned: list[nn.Module]) -> dict[str, Any]:
+    """How far the learned scales moved from the calibrated ones (ratios); the fake-quantizers'
+    ``scale`` buffers take the learned values."""
+    ratios = [float(fq.log_scale.detach().exp()) / fq.calibrated_scale for fq in learned]
     for fq in learned:
         fq.scale.copy_(fq.log_scale.detach().exp().reshape(fq.scale.shape))
     if not ratios:
@@ -462,6 +465,16 @@ def _steps(ctx: PassContext, opts: QatOptions) -> int:
     return (opts.epochs or 1) * len(loader)
 
 
+def _student(float_model: nn.Module) -> nn.Module:
+    """A copy to train, without dropout (QAT here recovers fidelity to float: dropout's noise only
+    hides it)."""
+    student = copy.deepcopy(float_model)
+    for m in student.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+    return student
+
+
 NAME = "quantize.qat"
 
 
@@ -483,17 +496,12 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         raise PassError("`loss: distill` learns from the baseline, which has no torch module here")
     backend = check_backend(None, static=True)
     float_model = model.float().eval()
-    student = copy.deepcopy(float_model)
-    for m in student.modules():  # QAT here recovers fidelity to float: dropout noise only hides it
-        if isinstance(m, nn.modules.dropout._DropoutNd):
-            m.p = 0.0
-    prepared, mode, why = prepare(student, ctx, opts, backend)
+    prepared, mode, why = prepare(_student(float_model), ctx, opts, backend)
     with quantized_engine(backend if mode == "fx" else None):
         prepared.eval()
         used, ranges = calibrate_ranges(prepared, ctx, opts)
         clip = KernelClip(prepared)
-        learned = learn_ranges(prepared, opts.range_lr / opts.lr) if opts.learn_ranges else []
-        start = [float(fq.scale.reshape(-1)[0]) for fq in learned]
+        learned = learn_ranges(prepared, opts.range_lr / opts.lr) if opts.learn_ranges else None
         curve = Curve(
             prepared,
             ctx.baseline.module if ctx.baseline.module is not None else float_model,
@@ -515,7 +523,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         )
         prepared.eval()
         trained = curve.outputs(prepared)
-        moved = _range_changes(learned, start) if opts.learn_ranges else None
+        moved = _range_changes(learned) if learned is not None else None
         clip.restore()
         q = _convert(prepared, mode)
         converted = compare_outputs(trained, curve.outputs(q))["cosine_similarity"]
@@ -534,7 +542,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         "backend": "x86 inductor" if mode == "pt2e" else backend,
         "calibration_batches": used,
         "activation_ranges": {"method": opts.activation_ranges, **ranges},
-        **({"learned_ranges": moved} if moved is not None else {}),
+        "learned_ranges": moved,  # None: learn_ranges false
         "training": {k: v for k, v in stats.items() if k != "epoch_losses"},
         **frozen,
         "curve": curve.points,
