@@ -8,10 +8,11 @@
    Sparsity, torchvision resnet18 (random init, synthetic 3x64x64 inputs, no labels): 50%
    unstructured and 2:4, distilled from the dense model; cosine on held-apart inputs.
 2. QAT, torchvision mobilenet_v2 (random init, BatchNorm statistics recalibrated, synthetic 3x32x32
-   inputs): post-training int8 (FX) against QAT (FX, distillation from float, no labels); the
+   inputs): post-training int8 (FX, onednn) against QAT (FX, distillation from float, no labels); the
    share of the cosine gap QAT closes, and its training time. And a mobilenet_v2 (width 0.5)
    trained on the digits, whose post-training int8 loses top-1 agreement: PTQ against QAT, FX
-   and PT2E, and FX with per-tensor weights, with learned and with calibrated activation scales,
+   (onednn engine, 8-bit activations, and torch.ao's x86 engine, 7-bit) and PT2E, and FX with
+   per-tensor weights, with learned and with calibrated activation scales,
    3 and 20 epochs, and how close each int8 model is to the fake-quantized one QAT trained.
 3. Heads, timm vit_tiny_patch16_224 and torchvision vit_b_16 (random init, 64x64 inputs: 16
    patches), 25% of heads and FFN channels pruned, the Linears after them refitted by least
@@ -153,28 +154,37 @@ def digits_mobilenet_qat(quick: bool) -> dict[str, Any]:
     # per-tensor weights (one scale per layer, as many NPUs and older int8 kernels want): the
     # depthwise layers' ranges differ most between channels, so post-training int8 loses most
     per_tensor = {"weight_granularity": "per_tensor"}
-    # each mode: (post-training int8 options, what QAT changes from its defaults: 3 epochs,
-    # activation scales learned from the calibrated ones); "calibrated ranges" rows keep the
+    # each row: (post-training int8 options, what QAT changes from its defaults: 3 epochs,
+    # activation scales learned from the calibrated ones). FX runs on the onednn engine by
+    # default (8-bit activations); the x86 rows use torch.ao's x86 engine, whose kernels need 7-bit
+    # activations, so post-training int8 loses more there. "calibrated ranges" rows keep the
     # calibrated scales (`learn_ranges: false`), to show what learning them gives; the 20-epoch
     # rows use more of the 2 minutes of training the target allows, on mixed pairs of digits that
     # teacher and student both see (`mixup: 1.0`)
     longer = {"epochs": 20, "lr": 3e-5, "mixup": 1.0}
+    fixed = {"learn_ranges": False}
+    x86 = {"mode": "fx", "backend": "x86"}
     modes = {
         "fx": ({"mode": "fx"}, {}),
-        "fx, calibrated ranges": ({"mode": "fx"}, {"learn_ranges": False}),
-        "pt2e": ({"mode": "pt2e"}, {}),
+        "fx, calibrated ranges": ({"mode": "fx"}, fixed),
         "fx per-tensor": ({"mode": "fx", **per_tensor}, {}),
-        "fx per-tensor, calibrated ranges": ({"mode": "fx", **per_tensor}, {"learn_ranges": False}),
-        "fx, 20 epochs, mixup": ({"mode": "fx"}, longer),
-        "fx per-tensor, 20 epochs, mixup": ({"mode": "fx", **per_tensor}, longer),
-        "fx per-tensor, 20 epochs, mixup, calibrated ranges": (
-            {"mode": "fx", **per_tensor},
-            {**longer, "learn_ranges": False},
+        "pt2e": ({"mode": "pt2e"}, {}),
+        "fx x86": (x86, {}),
+        "fx x86, calibrated ranges": (x86, fixed),
+        "fx x86, 20 epochs, mixup": (x86, longer),
+        "fx x86 per-tensor": ({**x86, **per_tensor}, {}),
+        "fx x86 per-tensor, 20 epochs, mixup": ({**x86, **per_tensor}, longer),
+        "fx x86 per-tensor, 20 epochs, mixup, calibrated ranges": (
+            {**x86, **per_tensor},
+            {**longer, **fixed},
         ),
     }
     ptqs: dict[str, Any] = {}
     for mode, (backend, extra) in modes.items():
-        if quick and mode not in ("fx", "fx, 20 epochs, mixup"):  # quick: PT2E QAT is in tests/test_qat.py
+        if quick and mode not in (
+            "fx",
+            "fx x86, 20 epochs, mixup",
+        ):  # quick: PT2E QAT is in tests/test_qat.py
             continue
         key = str(sorted(backend.items()))  # rows of one mode share its post-training int8
         if key not in ptqs:
@@ -340,7 +350,7 @@ def render(data: dict[str, Any]) -> list[str]:
     ]
     lines += [
         "",
-        "QAT, mobilenet_v2 (random init, synthetic 3x32x32): post-training int8 (FX) cosine "
+        "QAT, mobilenet_v2 (random init, synthetic 3x32x32): post-training int8 (FX, onednn) cosine "
         f"{q['ptq_cosine']:.4f}; "
         f"QAT (FX, {q['steps']} steps distilled from float on a train split of fresh draws, no labels, "
         f"{q['seconds']:.0f} s) {q['qat_cosine']:.4f}: {q['gap_closed']:.0%} of the gap to 1 closed"
@@ -351,7 +361,9 @@ def render(data: dict[str, Any]) -> list[str]:
         "learned from the calibrated ones at range_lr 1e-2) unless the row says otherwise; calibrated "
         "ranges: `learn_ranges: false`; the 20-epoch rows train at lr 3e-5 on mixed pairs of digits that "
         "teacher and student both see (`mixup: 1.0`); s: the whole QAT pass, calibration and conversion "
-        "included; scales: learned over calibrated activation scale, median [min, max]:",
+        "included; scales: learned over calibrated activation scale, median [min, max]; fx: the onednn "
+        "engine (the default on x86 CPUs, 8-bit activations); fx x86: torch.ao's x86 engine (`backend: "
+        "x86`, 7-bit activations), where post-training int8 loses more:",
         "",
         "| mode | epochs | PTQ agreement % | QAT agreement % | PTQ cosine | QAT cosine "
         "| agreement gap closed | cosine gap closed | int8 vs trained | scales | s |",

@@ -51,7 +51,7 @@ from ..options import TrainOptions
 from ..registry import register_pass
 from ..runtime import check_backend, quantized_engine
 from ..variant import PassContext, Variant
-from ._select import match_modules, require_float
+from ._select import Backend, match_modules, require_float
 from .finetune import train_with
 from .static.fx import calibrate_loader
 from .static.pt2e import drop_unused_attributes, export_dynamic, failing_node, normalise
@@ -103,6 +103,11 @@ class QatOptions(TrainOptions):
         2, ge=1, description="Calibration batches (after those used to calibrate) scored per epoch."
     )
     keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
+    backend: Backend | None = Field(
+        None,
+        description="fx: quantized engine, as quantize.static's (default: onednn on x86 CPUs, 8-bit "
+        "activations; x86/fbgemm: 7-bit activations).",
+    )
     learn_ranges: bool = Field(
         True,
         description="Learn each activation's quantization scale while training (LSQ: gradient through "
@@ -494,7 +499,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
     require_float(ctx, NAME, "start QAT `from:` a float variant (baseline, pruned, fine-tuned)", float32=True)
     if opts.loss == "distill" and ctx.baseline.module is None:
         raise PassError("`loss: distill` learns from the baseline, which has no torch module here")
-    backend = check_backend(None, static=True)
+    backend = check_backend(opts.backend, static=True)
     float_model = model.float().eval()
     prepared, mode, why = prepare(_student(float_model), ctx, opts, backend)
     with quantized_engine(backend if mode == "fx" else None):
