@@ -336,7 +336,18 @@ def quickstart_note(results: Path = HERE / "results") -> str:
     )
 
 
-README_BLOCKS = {"figures": readme_figures, "quickstart-note": quickstart_note}
+def quickstart_table(results: Path = HERE / "results") -> str:
+    """The quickstart's table, as the committed run's `optimize` printed it."""
+    from quickstart import table_text
+
+    return "```\n" + table_text(_load(results, "quickstart")["first_results"]) + "\n```"
+
+
+README_BLOCKS = {
+    "figures": readme_figures,
+    "quickstart-note": quickstart_note,
+    "quickstart-table": quickstart_table,
+}
 
 
 def readme_blocks(text: str, results: Path = HERE / "results") -> str:

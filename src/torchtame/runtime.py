@@ -34,9 +34,10 @@ def static_backend() -> str:
     kernels sum pairs of u8 x s8 products in 16 bits and saturate with 8-bit activations: on a
     trained digits MobileNetV2, FX int8 with 8-bit activations on fbgemm reached cosine 0.936 to
     the int8 model simulated exactly (``convert_to_reference_fx``), on the x86 engine 0.997.
-    onednn's kernels reproduce the simulation with 8-bit activations (0.99987) at the same speed
-    (mobilenet_v2 and resnet18, batch 8, 224x224: within 3% of x86), so its 8-bit activations
-    keep more of float: cosine 0.9964 against 0.9899 with x86's 7-bit ones on that model.
+    onednn's kernels reproduce the simulation with 8-bit activations (0.99987), so they keep more
+    of float: cosine 0.9964 against 0.9899 with x86's 7-bit ones on that model. Speed: within 3%
+    of x86 on mobilenet_v2 and resnet18 (batch 8, 224x224), 8% slower on the quickstart's 8x8
+    digits CNN (batch 1 and 64).
     """
     engines = torch.backends.quantized.supported_engines
     if "onednn" in engines and platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
