@@ -206,3 +206,25 @@ def test_qat_learns_activation_scales_and_the_int8_model_uses_them(trained_cnn, 
 
     assert cos(trained, converted) > 0.9999
     assert cos(calibrated, converted) < cos(trained, converted) - 1e-5  # not the calibrated scales
+
+
+def test_an_int8_model_that_is_not_the_one_qat_trained_is_a_warning() -> None:
+    """int8_vs_trained_cosine below 0.999: the int8 kernels round otherwise than the fake-quantizers
+    QAT trained with (a random-weight MobileNetV2 on onednn: 0.973), a warning with the next step."""
+    from torchtame.evaluate.health import check, flags
+
+    def entry(cosine: float | None, mode: str = "fx") -> dict:
+        info = {
+            "mode": mode,
+            "backend": "onednn",
+            **({} if cosine is None else {"int8_vs_trained_cosine": cosine}),
+        }
+        return {"name": "qat", "status": "ok", "pass": "quantize.qat", "info": info}
+
+    assert [f["code"] for f in check(entry(0.9995), None)] == []
+    assert [f["code"] for f in check(entry(None), None)] == []  # other passes: no such figure
+    found = check(entry(0.9728), None)
+    assert [(f["code"], f["level"]) for f in found] == [("int8_not_as_trained", "warning")]
+    assert "0.9728" in found[0]["message"] and "onednn" in found[0]["message"]
+    assert "mode: pt2e" in found[0]["suggestion"] and flags(found) == "⚠ not as trained"
+    assert "mode: pt2e" not in check(entry(0.99, mode="pt2e"), None)[0]["suggestion"]

@@ -46,8 +46,11 @@ FLAG = {
     "no_measurable_speedup": "no speed-up",
     "non_finite_outputs": "NaN/inf",
     "sparse_dense_kernels": "dense kernels",
+    "int8_not_as_trained": "not as trained",
 }
 
+
+AS_TRAINED = 0.999  # int8 against the fake-quantized model QAT trained: below, it ships another model
 
 # Every finding, its level and when it is raised: README's health table is rendered from this
 # (``findings_table()``; tests/test_docs.py checks the README holds exactly that table).
@@ -92,6 +95,12 @@ FINDINGS: tuple[tuple[str, str, str], ...] = (
         "peak inference memory above the device's (CUDA total, the CPU's available memory)",
     ),
     ("float_islands", "info", "dequantize -> float ops -> quantize round trips in an int8 graph"),
+    (
+        "int8_not_as_trained",
+        "warning",
+        "quantize.qat: cosine between the int8 model and the fake-quantized model it was trained as < "
+        f"{AS_TRAINED} on held calibration batches (its kernels round otherwise than training did)",
+    ),
     ("fixed_axes", "info", "ONNX axes that came out fixed although the export asked for them dynamic"),
     (
         "sparse_dense_kernels",
@@ -340,6 +349,31 @@ def check_graph(entry: VariantEntry) -> list[Finding]:
     return out
 
 
+def check_as_trained(entry: VariantEntry) -> list[Finding]:
+    """A QAT variant whose int8 model is not the fake-quantized model it trained."""
+    info = info_of(entry)
+    cosine = info.get("int8_vs_trained_cosine")
+    if cosine is None or cosine >= AS_TRAINED:
+        return []
+    hint = (
+        "`mode: pt2e` converts to what it trained (cosine 0.99999 in torchtame's tests); or compare "
+        "with quantize.static, which has no training to lose"
+        if info.get("mode") == "fx"
+        else "compare with quantize.static, which has no training to lose"
+    )
+    return [
+        finding(
+            "int8_not_as_trained",
+            "warning",
+            f"the int8 model computes cosine {cosine:.4f} to the fake-quantized model QAT trained "
+            f"(< {AS_TRAINED}): the int8 kernels ({info.get('backend')}) round otherwise than training "
+            "simulated, so part of what QAT learned does not ship",
+            hint,
+            cosine=cosine,
+        )
+    ]
+
+
 def check_size(entry: VariantEntry, parent: VariantEntry) -> list[Finding]:
     mine = size_bytes(entry)
     theirs = size_bytes(parent)
@@ -467,6 +501,7 @@ def check(
     fidelity = check_fidelity(entry, parent, task, t)
     out += within_constraints(fidelity) if meets_constraints else fidelity
     out += check_graph(entry)
+    out += check_as_trained(entry)
     out += check_export(entry)
     out += check_sparse(entry)
     out += check_memory(entry, capacity)
