@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torchtame import PassError, apply_pass, load_data, run
 from torchtame.artifacts import load_module, save_module
 from torchtame.data import DigitsData, SyntheticData
 from torchtame.evaluate.macs import count_macs
+from torchtame.progress import NullProgress
 from torchtame.training import recalibrate_batchnorm
 
 from .conftest import tiny_recipe
@@ -95,6 +97,30 @@ def test_auto_rejects_fx_on_a_ported_same_padding_model_and_says_why() -> None:
     assert choice["chosen"] == "pt2e" and "5 BatchNorms not folded" in choice["reason"]
     assert {"fx", "pt2e"} <= set(choice["trials"]) and choice["trials"]["pt2e"]["cosine"] >= 0.99
     assert auto.info["normalised"]["subclass_layers"]  # the convolutions were seen as nn.Conv2d
+
+
+@pytest.mark.parametrize(
+    ("fx_cosine", "pt2e_cosine", "chosen"),
+    [(0.9721, 0.9771, "pt2e"), (0.9771, 0.9721, "fx"), (0.9741, 0.9744, "fx"), (0.995, 0.999, "fx")],
+)
+def test_auto_keeps_the_closer_mode_where_neither_is_faithful(
+    trained_cnn, digits, monkeypatch, fx_cosine: float, pt2e_cosine: float, chosen: str
+) -> None:
+    """Where neither mode reaches cosine 0.99, auto keeps the one closer to float (mobilenet_v2's
+    int8_modes figures: FX 0.9721, PT2E 0.9771 and faster), FX on a tie within 1e-3 or where both
+    are faithful and as fast."""
+    import torchtame.passes.static as static
+
+    cosines = {"fx": fx_cosine, "pt2e": pt2e_cosine}
+
+    def trial(mode, *_args):
+        figures = {"int8_layers": "5/5", "standalone_batchnorms": 0, "cosine": cosines[mode]}
+        return nn.Identity(), {**figures, "speedup_vs_float": 2.0, "p50_ms": 1.0, "batch_size": 8}
+
+    monkeypatch.setattr(static, "trial", trial)
+    ctx = SimpleNamespace(data=digits, output=None, progress=NullProgress())
+    _, mode, choice = static.choose(trained_cnn, ctx, static.StaticOptions(), "onednn")  # type: ignore[arg-type]
+    assert mode == chosen == choice["chosen"], choice["reason"]
 
 
 def test_auto_keeps_fx_where_it_holds_up(trained_cnn, digits) -> None:
