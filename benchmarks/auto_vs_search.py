@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/auto_vs_search.py [--quick] [--results-dir D]
 
 The model is a torchvision mobilenet_v2 (width 0.5) trained here on the digits (real weights, real
-inputs; benchmarks/compression.py's DigitsMobileNet), trained once and shared by every run (the
+inputs; torchtame.zoo.DigitsMobileNet), trained once and shared by every run (the
 pipeline's training cache). Four runs of the same recipe, timed whole (baseline measurement,
 building and measuring every variant; the model's training is left out):
 
@@ -33,7 +33,7 @@ from common import out_dir, parser, publish
 import torchtame
 
 MIN_COSINE = 0.998
-MODEL = {"source": "python", "target": "compression:DigitsMobileNet", "train": {"epochs": 10, "lr": 0.003}}
+MODEL = {"source": "python", "target": "torchtame.zoo:DigitsMobileNet", "train": {"epochs": 10, "lr": 0.003}}
 # --quick: the quickstart's CNN, narrow, FX (no compile step), so the script's path runs in seconds
 QUICK_MODEL = {
     "source": "python",

@@ -36,6 +36,7 @@ from torch import nn
 import torchtame
 from torchtame import apply_pass, load_data
 from torchtame.training import recalibrate_batchnorm
+from torchtame.zoo import DigitsMobileNet
 
 ROOT = Path(__file__).resolve().parents[1]
 # Random-weight models (resnet18, mobilenet_v2, the ViTs) give nearly flat class scores, which the
@@ -121,19 +122,6 @@ def mobilenet_qat(steps: int, quick: bool) -> dict[str, Any]:
         "int8_vs_trained_cosine": qat.info["int8_vs_trained_cosine"],
         "curve": qat.info["curve"],
     }
-
-
-class DigitsMobileNet(nn.Module):
-    """torchvision's mobilenet_v2 (width 0.5) on the 8x8 digits, upsampled 4x to 3x32x32."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        import torchvision
-
-        self.net = torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(nn.functional.interpolate(x, scale_factor=4).repeat(1, 3, 1, 1))
 
 
 def digits_mobilenet_qat(quick: bool) -> dict[str, Any]:

@@ -43,10 +43,9 @@ from torchtame.training import recalibrate_batchnorm
 
 def trained_digits_mobilenet() -> tuple[nn.Module, Any]:
     """Real weights and real inputs: mobilenet_v2 (width 0.5) trained here on the digits."""
-    from compression import DigitsMobileNet
-
     from torchtame.data import DigitsData
     from torchtame.training import train
+    from torchtame.zoo import DigitsMobileNet
 
     data = load_data(DigitsData(source="digits", batch_size=64), 0)
     torch.manual_seed(0)

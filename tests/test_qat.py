@@ -22,6 +22,21 @@ def _fidelity(model: nn.Module, q: nn.Module, x: torch.Tensor) -> float:
         return nn.functional.cosine_similarity(model(x), q(x)).mean().item()
 
 
+def _calibrated(model: nn.Module, digits, mode: str) -> nn.Module:
+    """``model`` fake-quantized for QAT (``mode``, x86 for FX) and calibrated as quantize.qat does
+    (activations: range search), in eval mode; call it inside the engine the test measures with."""
+    from types import SimpleNamespace
+
+    from torchtame.passes.qat import QatOptions, calibrate_ranges, prepare
+
+    ctx = SimpleNamespace(example_input=digits.example_input(8), data=digits, progress=None)
+    opts = QatOptions(mode=mode)
+    prepared, _, _ = prepare(model, ctx, opts, "x86")  # type: ignore[arg-type]
+    prepared.eval()
+    calibrate_ranges(prepared, ctx, opts)  # type: ignore[arg-type]
+    return prepared
+
+
 def test_qat_recovers_what_post_training_int8_lost() -> None:
     import torchvision
 
@@ -88,18 +103,12 @@ def test_the_int8_model_is_the_one_qat_trained(trained_cnn, digits, mode: str) -
     (range/128 or /127) is not the converted model's (range/127.5): a tenth of the outputs one
     step apart, so QAT trained a model that did not ship (cosine 0.988 between the two on a trained
     MobileNetV2)."""
-    from types import SimpleNamespace
-
-    from torchtame.passes.qat import QatOptions, _convert, calibrate_ranges, prepare
+    from torchtame.passes.qat import _convert
     from torchtame.runtime import quantized_engine
 
-    ctx = SimpleNamespace(example_input=digits.example_input(8), data=digits, progress=None)
-    opts = QatOptions(mode=mode)
-    prepared, _, _ = prepare(trained_cnn, ctx, opts, "x86")  # type: ignore[arg-type]
     x = digits.example_input(64)
     with quantized_engine("x86" if mode == "fx" else None):
-        prepared.eval()
-        calibrate_ranges(prepared, ctx, opts)  # type: ignore[arg-type]  # activations: range search
+        prepared = _calibrated(trained_cnn, digits, mode)  # activations: range search
         quantizers = [
             m for m in prepared.modules() if hasattr(m, "calculate_qparams") and hasattr(m, "scale")
         ]
@@ -120,18 +129,12 @@ def test_fx_qat_clips_activations_where_the_int8_kernels_clip(trained_cnn, digit
     tensors hold 0..255: inputs beyond the calibrated range survive int8 where the default
     fake-quantizer clips them. While QAT trains, KernelClip clips at 0..255 with the same scale,
     and puts 0..127 back for conversion (which recomputes scale and zero point from it)."""
-    from types import SimpleNamespace
-
-    from torchtame.passes.qat import KernelClip, QatOptions, _convert, calibrate_ranges, prepare
+    from torchtame.passes.qat import KernelClip, _convert
     from torchtame.runtime import quantized_engine
 
-    ctx = SimpleNamespace(example_input=digits.example_input(8), data=digits, progress=None)
-    opts = QatOptions(mode="fx")
-    prepared, _, _ = prepare(trained_cnn, ctx, opts, "x86")  # type: ignore[arg-type]
     x = 3 * digits.example_input(64)  # three times the calibrated range: outliers everywhere
     with quantized_engine("x86"), torch.no_grad():
-        prepared.eval()
-        calibrate_ranges(prepared, ctx, opts)  # type: ignore[arg-type]
+        prepared = _calibrated(trained_cnn, digits, "fx")
         seven_bit = prepared(x)
         clip = KernelClip(prepared)
         assert len(clip.changed) >= 5
@@ -155,27 +158,14 @@ def test_qat_learns_activation_scales_and_the_int8_model_uses_them(trained_cnn, 
     own optimizer group at ``range_lr``, and conversion takes the learned scales, so the int8 model
     is the one trained, not the calibrated one."""
     import math
-    from types import SimpleNamespace
 
-    from torchtame.passes.qat import (
-        KernelClip,
-        QatOptions,
-        _convert,
-        _range_changes,
-        calibrate_ranges,
-        learn_ranges,
-        prepare,
-    )
+    from torchtame.passes.qat import KernelClip, _convert, _range_changes, learn_ranges
     from torchtame.runtime import quantized_engine
     from torchtame.training import make_optimizer
 
-    ctx = SimpleNamespace(example_input=digits.example_input(8), data=digits, progress=None)
-    opts = QatOptions(mode=mode)
-    prepared, _, _ = prepare(trained_cnn, ctx, opts, "x86")  # type: ignore[arg-type]
     x = digits.example_input(64)
     with quantized_engine("x86" if mode == "fx" else None):
-        prepared.eval()
-        calibrate_ranges(prepared, ctx, opts)  # type: ignore[arg-type]
+        prepared = _calibrated(trained_cnn, digits, mode)
         clip = KernelClip(prepared)
         with torch.no_grad():
             calibrated = prepared(x)

@@ -242,19 +242,6 @@ def test_dynamic_int8_transformer_runs_in_the_pipeline(tmp_path: Path) -> None:
     assert v["artifact"][0].endswith("model.ts")
 
 
-class _DigitsMobileNet(nn.Module):
-    """torchvision's mobilenet_v2 (width 0.5) on the 8x8 digits, upsampled to 3x32x32."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        import torchvision
-
-        self.net = torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(nn.functional.interpolate(x, scale_factor=4).repeat(1, 3, 1, 1))
-
-
 @pytest.mark.skipif(
     "onednn" not in torch.backends.quantized.supported_engines, reason="needs the onednn engine"
 )
@@ -271,9 +258,10 @@ def test_static_fx_takes_onednn_with_8_bit_activations_that_its_kernels_reproduc
     from torchtame.passes.static.fx import StaticOptions, build_qconfig
     from torchtame.runtime import quantized_engine
     from torchtame.training import train
+    from torchtame.zoo import DigitsMobileNet
 
     torch.manual_seed(0)
-    model = _DigitsMobileNet()
+    model = DigitsMobileNet()
     train(model, digits.train, epochs=4, lr=3e-3, seed=0)
     model.eval()
     default = apply_pass("quantize.static", model, digits, {"mode": "fx"})

@@ -46,13 +46,15 @@ def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float) 
     """The optimizer over the trainable parameters. A parameter with a ``torchtame_lr_scale``
     attribute (:data:`LR_SCALE`) trains in its own group at ``lr`` times that scale, without weight
     decay (QAT's learned activation ranges); the rest at ``lr``."""
-    scales: dict[float, list[nn.Parameter]] = {}
+    scales: dict[float | None, list[nn.Parameter]] = {}  # None: unmarked, at ``lr`` with decay
     for p in model.parameters():
         if p.requires_grad:
-            scales.setdefault(float(getattr(p, LR_SCALE, 1.0)), []).append(p)
+            scales.setdefault(getattr(p, LR_SCALE, None), []).append(p)
     groups = [
-        {"params": ps, "lr": lr * k, "weight_decay": weight_decay if k == 1.0 else 0.0}
-        for k, ps in sorted(scales.items())
+        {"params": ps, "lr": lr, "weight_decay": weight_decay}
+        if k is None
+        else {"params": ps, "lr": lr * k, "weight_decay": 0.0}
+        for k, ps in scales.items()
     ]
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=0.9, weight_decay=weight_decay)

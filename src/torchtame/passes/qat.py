@@ -319,6 +319,11 @@ def _activation_quantizers(prepared: nn.Module) -> list[nn.Module]:
     ]
 
 
+def _range_fixed(fq: nn.Module) -> bool:
+    """Whether a fake-quantizer's range is set and kept (its observer off: range-searched)."""
+    return not bool(getattr(fq, "observer_enabled", torch.ones(1))[0])
+
+
 def calibrate_ranges(prepared: nn.Module, ctx: PassContext, opts: QatOptions) -> tuple[int, dict[str, Any]]:
     """Calibrate the fake-quantized model; with ``range_search``, its activation ranges from the
     histogram search post-training int8 uses (float activations observed, as PTQ observes them),
@@ -379,7 +384,7 @@ class KernelClip:
             obs = fq.activation_post_process
             if obs.dtype != torch.quint8 or not getattr(obs, "reduce_range", False) or obs.quant_max != 127:
                 continue
-            if bool(getattr(fq, "observer_enabled", torch.ones(1))[0]):
+            if not _range_fixed(fq):
                 continue  # a range still moving: its scale is recomputed from quant_max each step
             obs.quant_max = 255
             self.changed.append(fq)
@@ -427,7 +432,7 @@ def learn_ranges(prepared: nn.Module, lr_scale: float) -> list[nn.Module]:
 
     learned = []
     for fq in _activation_quantizers(prepared):
-        if bool(getattr(fq, "observer_enabled", torch.ones(1))[0]):
+        if not _range_fixed(fq):
             continue  # not calibrated by the range search: its observer still sets it
         fq.calibrated_scale = float(fq.scale.reshape(-1)[0])
         fq.log_scale = nn.Parameter(fq.scale.detach().float().clamp(min=1e-8).log().reshape(1))
@@ -444,9 +449,11 @@ def learn_ranges(prepared: nn.Module, lr_scale: float) -> list[nn.Module]:
 def _range_changes(learned: list[nn.Module]) -> dict[str, Any]:
     """How far the learned scales moved from the calibrated ones (ratios); the fake-quantizers'
     ``scale`` buffers take the learned values."""
-    ratios = [float(fq.log_scale.detach().exp()) / fq.calibrated_scale for fq in learned]
+    ratios = []
     for fq in learned:
-        fq.scale.copy_(fq.log_scale.detach().exp().reshape(fq.scale.shape))
+        scale = fq.log_scale.detach().exp()
+        fq.scale.copy_(scale.reshape(fq.scale.shape))
+        ratios.append(float(scale) / fq.calibrated_scale)
     if not ratios:
         log.info(
             "quantize.qat: learn_ranges found no calibrated activation range to learn (observers set them)"
