@@ -70,6 +70,9 @@ class OnnxQuantOptions(RecoveryOptions):
     def quantizes_onnx(self) -> bool:
         return True
 
+    def keeps_layers_float(self) -> bool:
+        return False  # torch layer names do not reach onnxruntime (`nodes_to_exclude` names nodes)
+
     def quantize_with(self, algorithms: list[str]) -> OnnxQuantOptions:
         """``range_search``: per-tensor ranges; ``weighted_ops_only``: convolutions and matrix
         products only, their outputs float."""

@@ -30,6 +30,12 @@ FX, PT2E and onnxruntime all keep the gain (``recovery:`` of ``quantize.static``
   outliers move into the weights: input channel j is divided by
   s_j = max|X_j|^alpha / max|W_:,j|^(1 - alpha) (folded into the LayerNorm) and the Linears'
   weight columns multiplied by it.
+- ``sensitive_float``: the ``float_layers`` conv/linear layers whose int8 (per-channel weights,
+  their input on an 8-bit grid) costs most alone stay float (:func:`rank_sensitivity`, on
+  calibration data). It does not change the float model: the pass keeps them out of the quantizer
+  (``keep_float``), as ``strategy: search`` does with its ranked layers. ``auto`` tries it last,
+  one layer more at a time on top of its best, only while that falls short of ``float_target``:
+  each float layer costs speed.
 
 Libraries: torch.ao's ``_equalize`` only handles nn.Sequential-adjacent modules and no BatchNorm
 or depthwise pairs, torchao's SmoothQuant targets its own int8 tensor subclasses (not PT2E or
@@ -60,11 +66,22 @@ log = logging.getLogger("torchtame")
 # in the order that composes: what the back end applies itself first, then smoothing and
 # equalization change the weights, AdaRound rounds them, bias correction corrects what is left
 Algorithm = Literal[
-    "range_search", "weighted_ops_only", "smoothquant", "equalization", "adaround", "bias_correction"
+    "range_search",
+    "weighted_ops_only",
+    "smoothquant",
+    "equalization",
+    "adaround",
+    "bias_correction",
+    "sensitive_float",
 ]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 # what the back end applies at calibration or quantization, not a change of the float model
-AT_QUANTIZATION = {"range_search": "calibration", "weighted_ops_only": "quantization"}
+AT_QUANTIZATION = {
+    "range_search": "calibration",
+    "weighted_ops_only": "quantization",
+    "sensitive_float": "quantization",
+}
+KEEP_FLOAT = "torchtame_keep_float"  # the float model's attribute: layers sensitive_float keeps float
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Linear)
 SCALE_EQUIVARIANT = (nn.ReLU, nn.Identity)  # f(x / s) = f(x) / s for s > 0
 NOT_EQUIVARIANT = (
@@ -644,6 +661,104 @@ def _smooth(norm: nn.Module, linears: list[nn.Module], s: torch.Tensor) -> None:
         c.weight.mul_(s.reshape(1, -1))
 
 
+# --------------------------------------------------------------------------- sensitive layers
+
+
+def _fake_quant_input(lo: float, hi: float) -> Callable[..., Any]:
+    """A forward pre-hook putting a layer's input on the 8-bit affine grid of [lo, hi]."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = max(hi - lo, 1e-8) / 255
+    zero = int(round(-lo / scale))
+
+    def hook(module: nn.Module, args: Any) -> Any:
+        return (torch.fake_quantize_per_tensor_affine(args[0], scale, zero, 0, 255), *args[1:])
+
+    return hook
+
+
+def rank_sensitivity(
+    model: nn.Module,
+    example: Any,
+    batches: list[Any],
+    skip: set[str] | None = None,
+    samples: int = 64,
+) -> list[tuple[str, float]]:
+    """Conv/linear layers, most quantization-sensitive first, with what int8 costs each alone: the
+    mean per-sample cosine loss of the model's output when only that layer has per-channel int8
+    weights (BatchNorms folded, as the back ends fold them) and its input on the 8-bit grid of
+    its min/max on the same batches (the first ``samples`` or so of ``batches``). One pass per
+    layer; layers in ``skip`` are left out."""
+    use, seen = [], 0
+    for x in batches:
+        use.append(x)
+        seen += batch_size(x)
+        if seen >= samples:
+            break
+    m = copy.deepcopy(model).eval()
+    fold_batchnorms(m, example)
+    layers = {n: mod for n, mod in m.named_modules() if isinstance(mod, WEIGHTED) and n not in (skip or set())}
+    ranges: dict[str, list[float]] = {}
+
+    def watch(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: Any) -> None:
+            lo, hi = args[0].min().item(), args[0].max().item()
+            r = ranges.setdefault(name, [lo, hi])
+            r[0], r[1] = min(r[0], lo), max(r[1], hi)
+
+        return record
+
+    def outputs() -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([select_output(call(m, x)).float().flatten(1) for x in use])
+
+    hooks = [layer.register_forward_pre_hook(watch(n)) for n, layer in layers.items()]
+    try:
+        reference = outputs()
+    finally:
+        for h in hooks:
+            h.remove()
+    ranked = []
+    for name, layer in layers.items():
+        if name not in ranges:  # not run on these inputs
+            continue
+        saved = layer.weight.detach().clone()
+        hook = layer.register_forward_pre_hook(_fake_quant_input(*ranges[name]))
+        try:
+            with torch.no_grad():
+                layer.weight.copy_(fake_quant_weight(saved))
+            out = outputs()
+        finally:
+            hook.remove()
+            with torch.no_grad():
+                layer.weight.copy_(saved)
+        loss = 1 - nn.functional.cosine_similarity(out, reference, dim=1).mean().item()
+        ranked.append((name, loss))
+    return sorted(ranked, key=lambda r: -r[1])
+
+
+def keep_sensitive(
+    model: nn.Module,
+    example: Any,
+    batches: list[Any],
+    count: int,
+    skip: set[str] | None,
+    ranked: list[tuple[str, float]] | None = None,
+) -> dict[str, Any]:
+    """``sensitive_float``: mark the ``count`` most sensitive layers (:func:`rank_sensitivity`) for
+    the pass to keep float (:data:`KEEP_FLOAT`, read by :func:`kept_float`)."""
+    ranked = ranked if ranked is not None else rank_sensitivity(model, example, batches, skip)
+    layers = [n for n, loss in ranked[:count] if loss > 0]
+    setattr(model, KEEP_FLOAT, layers)
+    top = [{"layer": n, "cosine_loss": round(loss, 6)} for n, loss in ranked[: max(count, 5)]]
+    return {"algorithm": "sensitive_float", "applied": bool(layers), "at": "quantization", "layers": layers,
+            "ranked": top}
+
+
+def kept_float(model: nn.Module) -> list[str]:
+    """The layers ``sensitive_float`` marked on this float model to stay float (none: [])."""
+    return list(getattr(model, KEEP_FLOAT, None) or [])
+
+
 # --------------------------------------------------------------------------- one entry point
 
 
@@ -654,6 +769,7 @@ WHY_NOT = {
     "equalization": "no conv/linear pairs joined by ReLU or nothing",
     "bias_correction": "no conv/linear layers",
     "adaround": "no conv/linear layers",
+    "sensitive_float": "no conv/linear layer loses fidelity in int8 alone",
 }
 
 
@@ -664,7 +780,10 @@ def _apply_one(
     batches: list[Any],
     opts: RecoveryOptions,
     skip: set[str] | None,
+    ranked: list[tuple[str, float]] | None = None,
 ) -> dict[str, Any]:
+    if name == "sensitive_float":
+        return keep_sensitive(model, example, batches, opts.float_layers, skip, ranked)
     if name in AT_QUANTIZATION:  # the pass applies these itself, at calibration or quantization
         applies = name != "weighted_ops_only" or opts.quantizes_onnx()
         return {"algorithm": name, "applied": applies, "at": AT_QUANTIZATION[name]}
@@ -686,14 +805,16 @@ def apply(
     batches: list[Any],
     opts: RecoveryOptions | None = None,
     skip: set[str] | None = None,
+    ranked: list[tuple[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
     """Apply ``algorithms`` to the float ``model`` in place (``opts``: their settings), in the order
     that composes (:data:`ALGORITHMS`). Returns one record per algorithm; one that found nothing to do
-    says so (and logs it)."""
+    says so (and logs it). ``ranked``: :func:`rank_sensitivity` of the model after the others, where
+    known already."""
     opts = opts or RecoveryOptions()
     done = []
     for name in (a for a in ALGORITHMS if a in algorithms):
-        rec = _apply_one(name, model, example, batches, opts, skip)
+        rec = _apply_one(name, model, example, batches, opts, skip, ranked)
         if not rec["applied"]:
             why = WHY_NOT[name]
             if name == "bias_correction" and opts.bias_correction_form == "analytic":
@@ -714,9 +835,25 @@ class RecoveryOptions(Strict):
     recovery: list[Algorithm] | Literal["auto", "none"] = Field(
         "none",
         description="Accuracy recovery applied to the float model before quantizing: a list of "
-        "range_search, weighted_ops_only, equalization, bias_correction, smoothquant, adaround; `auto` "
-        "tries each that applies alone, then combinations of those that helped alone, and keeps the "
-        "best on held calibration batches where it beats none by more than noise; `none`.",
+        "range_search, weighted_ops_only, equalization, bias_correction, smoothquant, adaround, "
+        "sensitive_float; `auto` tries each that applies alone, then combinations of those that helped "
+        "alone, and keeps the best on held calibration batches where it beats none by more than noise; "
+        "then, only while that best falls short of `float_target`, the most sensitive layers float, one "
+        "more at a time up to `float_layers`; `none`.",
+    )
+    float_layers: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="sensitive_float: how many of the most quantization-sensitive conv/linear layers stay "
+        "float (`auto`: at most this many; 0: auto never keeps layers float). Each costs speed.",
+    )
+    float_target: float = Field(
+        0.995,
+        gt=0,
+        le=1,
+        description="`auto` keeps sensitive layers float only while its best int8 model's cosine to float "
+        "on the held calibration batches is below this.",
     )
     smoothquant_alpha: float = Field(0.5, ge=0, le=1, description="SmoothQuant's migration strength.")
     bias_correction_form: Literal["empirical", "analytic"] = Field(
@@ -752,6 +889,10 @@ class RecoveryOptions(Strict):
         """Whether onnxruntime quantizes (``weighted_ops_only`` changes something there only)."""
         return False
 
+    def keeps_layers_float(self) -> bool:
+        """Whether the pass can keep layers ``sensitive_float`` ranks out of the quantizer."""
+        return True
+
     def quantize_with(self, algorithms: list[str]) -> Self:
         """These options as the pass quantizes after ``algorithms`` (those the back end applies
         itself, at calibration or quantization, change them); passes override."""
@@ -763,6 +904,12 @@ class RecoveryOptions(Strict):
             raise ValueError(
                 "`adaround` learns roundings on the per-channel int8 grid, and these options quantize "
                 "weights per tensor: use per-channel weights, or drop adaround"
+            )
+        if isinstance(self.recovery, list) and "sensitive_float" in self.recovery and not self.keeps_layers_float():
+            raise ValueError(
+                "`sensitive_float` keeps torch layers float in quantize.static; onnxruntime keeps nodes "
+                "float with `nodes_to_exclude` (`strategy: search` ranks them and excludes them one at a "
+                "time): drop sensitive_float here"
             )
         return self
 
@@ -888,12 +1035,12 @@ def choose(
     none: Judgement | None = None
     winners: list[list[str]] = []
 
-    def trial(combo: list[str], stage: int) -> None:
+    def trial(combo: list[str], stage: int, how: RecoveryOptions = opts, ranked: Any = None) -> None:
         nonlocal best, none
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
         try:
-            records = apply(m, combo, example, batches, opts, skip)
+            records = apply(m, combo, example, batches, how, skip, ranked)
             judged = Judgement.of(reference, score(m, combo))
         except Exception as exc:  # one candidate failing to apply or build must not stop the others
             trials.append(
@@ -902,6 +1049,8 @@ def choose(
             return
         seconds = round(time.perf_counter() - t0, 2)
         trials.append({"algorithms": combo, "stage": stage, **judged.record(), "seconds": seconds})
+        if kept_float(m):
+            trials[-1]["float_layers"] = kept_float(m)
         if not combo:
             none = judged
         elif stage == 1 and none is not None and judged.beats(none):
@@ -918,6 +1067,22 @@ def choose(
         trial(combo, 2)
     if best is None:
         raise ValueError("every recovery candidate failed: " + "; ".join(t.get("error", "") for t in trials))
+    float_note = "not tried: " + (
+        "this pass keeps no layers float" if not opts.keeps_layers_float() else "float_layers is 0"
+    )
+    if opts.float_layers and opts.keeps_layers_float():
+        # stage three: the best with its 1, 2, ... most sensitive layers float, while it falls short
+        judged, combo, m, _ = best
+        if judged.cosine >= opts.float_target:
+            float_note = f"not needed: cosine {judged.cosine:.5f} >= float_target {opts.float_target}"
+        else:
+            t0 = time.perf_counter()
+            ranked = rank_sensitivity(m, example, batches, skip)
+            float_note = f"tried on top of {combo or 'none'} (ranking {time.perf_counter() - t0:.1f} s)"
+            for k in range(1, min(opts.float_layers, len(ranked)) + 1):
+                trial([*combo, "sensitive_float"], 3, opts.model_copy(update={"float_layers": k}), ranked)
+                if best[0].cosine >= opts.float_target:
+                    break
     judged, combo, m, records = best
     log.info("recovery auto chose %s (cosine %.5f on calibration batches)", combo or "none", judged.cosine)
     info = {
@@ -926,6 +1091,7 @@ def choose(
         **judged.record(),
         "held_samples": len(judged.per_sample),  # the judged ones
         "beat_none_alone": winners,
+        "float_stage": float_note,
         "trials": trials,
         "applied": records,
         "seconds": round(time.perf_counter() - t_start, 2),

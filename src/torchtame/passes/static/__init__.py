@@ -206,6 +206,13 @@ def choose(
     return built[chosen], chosen, {"chosen": chosen, "reason": reason, "trials": trials}
 
 
+def _quantize_with(opts: StaticOptions, algorithms: list[str], candidate: nn.Module) -> StaticOptions:
+    """The options a recovery candidate is quantized with: ``sensitive_float``'s layers float too."""
+    out = opts.quantize_with(algorithms)
+    kept = [n for n in recovery.kept_float(candidate) if n not in out.keep_float]
+    return out.model_copy(update={"keep_float": [*out.keep_float, *kept]}) if kept else out
+
+
 def _recover(
     model: nn.Module, q: nn.Module | None, mode: str, ctx: PassContext, opts: StaticOptions, backend: str
 ) -> tuple[nn.Module, dict[str, Any]]:
@@ -223,7 +230,7 @@ def _recover(
 
     def score(candidate: nn.Module, algorithms: list[str]) -> torch.Tensor:
         built.pop("last", None)
-        q = build(mode, copy.deepcopy(candidate), ctx, opts.quantize_with(algorithms), backend, exports)
+        q = build(mode, copy.deepcopy(candidate), ctx, _quantize_with(opts, algorithms, candidate), backend, exports)
         with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
             out = torch.cat([select_output(call(q, x), ctx.output).float() for x in held.judge])
         built["last"] = q
@@ -238,7 +245,7 @@ def _recover(
     if "best" in built and (q is None or info["chosen"]):  # built and calibrated already, alike
         q = built["best"]
     elif q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
-        q = build(mode, copy.deepcopy(fixed), ctx, opts.quantize_with(info["chosen"]), backend, exports)
+        q = build(mode, copy.deepcopy(fixed), ctx, _quantize_with(opts, info["chosen"], fixed), backend, exports)
     if exports is not None:
         info["exports"] = {
             "exported": exports.exported,
@@ -313,6 +320,9 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
     if recovered is not None:
         recovery.verify_rounding(recovered, int8_weights(q))
         info["recovery"] = recovered
+        for rec in recovered.get("applied", []):
+            if rec.get("algorithm") == "sensitive_float":
+                info["kept_float"] += [n for n in rec.get("layers", []) if n not in info["kept_float"]]
     return ctx.variant(
         q,
         quantized=True,
