@@ -69,8 +69,10 @@ def main() -> None:
             spread = (max(p50s) - min(p50s)) / statistics.median(p50s)
             print(f"{name:<8} {bs:>5} {' '.join(f'{p:7.3f}' for p in p50s):<48} {spread:7.1%}")
             records.append({"variant": name, "batch": bs, "p50_ms": p50s, "spread": round(spread, 5)})
-    command = "python benchmarks/harness_stability.py" + (" --quick" if args.quick else "") + (
-        f" --repeats {args.repeats}" if args.repeats != 5 and not args.quick else ""
+    command = (
+        "python benchmarks/harness_stability.py"
+        + (" --quick" if args.quick else "")
+        + (f" --repeats {args.repeats}" if args.repeats != 5 and not args.quick else "")
     )
     figures = {"repeats": args.repeats, "min_time": args.min_time, "min_runs": min_runs, "rows": records}
     title = "Latency harness repeatability"

@@ -4,6 +4,7 @@ model code others wrote: torchvision, timm and transformers, built from configs.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -219,7 +220,50 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
         "calibration batches the algorithms did not"
     )
     assert rec["seconds"] >= sum(t["seconds"] for t in rec["trials"])
-    assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"]
+    # below float_target (0.995) after stages one and two: the best so far with its 1, 2, ...
+    # (float_layers: 4) most sensitive layers float, in the order of one ranking
+    third = [t for t in rec["trials"] if t["stage"] == 3]
+    base = third[0]["algorithms"][:-1]  # the best of stages one and two
+    assert base in [t["algorithms"] for t in rec["trials"] if t["stage"] < 3]
+    assert [t["algorithms"] for t in third] == [[*base, "sensitive_float"]] * 4
+    layers = [t["float_layers"] for t in third]
+    assert [len(x) for x in layers] == [1, 2, 3, 4]
+    assert all(a == b[: len(a)] for a, b in itertools.pairwise(layers))
+    assert rec["float_stage"].startswith(f"tried on top of {base or 'none'}")
+    kept = chosen.get("float_layers", [])
+    assert v.info["kept_float"] == kept and ("sensitive_float" in rec["chosen"]) == bool(kept)
+    assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"] - len(kept)
+    assert chosen["cosine"] >= max(t["cosine"] for t in rec["trials"] if t["algorithms"] == base)
+    fine = apply_pass("quantize.static", model, data, {**options, "float_target": 0.5})
+    assert fine.info["recovery"]["float_stage"].startswith("not needed: cosine")
+    assert not [t for t in fine.info["recovery"]["trials"] if t["stage"] == 3]
+
+
+def test_sensitive_float_keeps_the_layer_whose_int8_costs_most_float(trained_cnn, digits) -> None:
+    """One Linear's per-channel int8 grid is ruined: a dead feature (its BatchNorm channel always
+    below zero before the ReLU) gets weights 1000x the others in every row, which changes nothing
+    in float but rounds every other weight of that Linear to zero in int8. It ranks first by far,
+    and keeping it float recovers what the rest of the model's int8 keeps."""
+    model = trained_cnn.eval()
+    x = digits.example_input(64)
+    with torch.no_grad():
+        bn, fc = model.features[8], model.classifier[1]  # the third conv's BatchNorm; the Linear after
+        bn.weight[0], bn.bias[0] = 0.0, -1.0  # channel 0: always 0 after the ReLU
+        ref = model(x)
+        fc.weight[:, :16] = 1000 * fc.weight.abs().max()  # channel 0 of the flattened 4x4 maps
+        assert torch.allclose(model(x), ref, atol=1e-5)
+    batches = [xb for xb, _ in digits.calibration][:2]
+    ranked = recovery.rank_sensitivity(model, x, batches)
+    assert ranked[0][0] == "classifier.1" and ranked[0][1] > 10 * ranked[1][1], ranked[:3]
+    options = {"mode": "fx", "recovery": ["sensitive_float"], "float_layers": 1}
+    v = apply_pass("quantize.static", model, digits, options)
+    rec = v.info["recovery"]
+    assert rec["applied"][0]["layers"] == ["classifier.1"] == v.info["kept_float"]
+    assert rec["applied"][0]["ranked"][0]["layer"] == "classifier.1"
+    assert v.info["graph"]["int8_layers"] == v.info["graph"]["weight_layers"] - 1
+    assert rec["cosine"] > 0.999 and rec["cosine"] > rec["cosine_without"] + 0.05, rec
+    with pytest.raises(Exception, match="nodes_to_exclude"):
+        apply_pass("quantize.onnx", model, digits, {"recovery": ["sensitive_float"]})
 
 
 def test_auto_judges_on_batches_the_algorithms_did_not_fit() -> None:

@@ -312,7 +312,6 @@ def view(entry: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) ->
     size = size_of(entry)
     base_bytes = size_bytes(baseline) if baseline is not None else None
 
-
     return VariantResult(
         name=entry["name"],
         status=entry.get("status", "ok"),

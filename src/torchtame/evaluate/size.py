@@ -98,9 +98,7 @@ def onnx_tensors(path: Path) -> list[torch.Tensor]:
     import onnx
     from onnx import numpy_helper
 
-    return [
-        torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(str(path)).graph.initializer
-    ]
+    return [torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(str(path)).graph.initializer]
 
 
 def artifact_bytes(paths: list[Path]) -> int:

@@ -668,7 +668,7 @@ def _fake_quant_input(lo: float, hi: float) -> Callable[..., Any]:
     """A forward pre-hook putting a layer's input on the 8-bit affine grid of [lo, hi]."""
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = max(hi - lo, 1e-8) / 255
-    zero = int(round(-lo / scale))
+    zero = round(-lo / scale)
 
     def hook(module: nn.Module, args: Any) -> Any:
         return (torch.fake_quantize_per_tensor_affine(args[0], scale, zero, 0, 255), *args[1:])
@@ -696,7 +696,9 @@ def rank_sensitivity(
             break
     m = copy.deepcopy(model).eval()
     fold_batchnorms(m, example)
-    layers = {n: mod for n, mod in m.named_modules() if isinstance(mod, WEIGHTED) and n not in (skip or set())}
+    layers = {
+        n: mod for n, mod in m.named_modules() if isinstance(mod, WEIGHTED) and n not in (skip or set())
+    }
     ranges: dict[str, list[float]] = {}
 
     def watch(name: str) -> Callable[..., None]:
@@ -750,8 +752,13 @@ def keep_sensitive(
     layers = [n for n, loss in ranked[:count] if loss > 0]
     setattr(model, KEEP_FLOAT, layers)
     top = [{"layer": n, "cosine_loss": round(loss, 6)} for n, loss in ranked[: max(count, 5)]]
-    return {"algorithm": "sensitive_float", "applied": bool(layers), "at": "quantization", "layers": layers,
-            "ranked": top}
+    return {
+        "algorithm": "sensitive_float",
+        "applied": bool(layers),
+        "at": "quantization",
+        "layers": layers,
+        "ranked": top,
+    }
 
 
 def kept_float(model: nn.Module) -> list[str]:
@@ -905,7 +912,11 @@ class RecoveryOptions(Strict):
                 "`adaround` learns roundings on the per-channel int8 grid, and these options quantize "
                 "weights per tensor: use per-channel weights, or drop adaround"
             )
-        if isinstance(self.recovery, list) and "sensitive_float" in self.recovery and not self.keeps_layers_float():
+        if (
+            isinstance(self.recovery, list)
+            and "sensitive_float" in self.recovery
+            and not self.keeps_layers_float()
+        ):
             raise ValueError(
                 "`sensitive_float` keeps torch layers float in quantize.static; onnxruntime keeps nodes "
                 "float with `nodes_to_exclude` (`strategy: search` ranks them and excludes them one at a "
@@ -1011,6 +1022,31 @@ class Judgement:
         return won - lost > 2 * (won + lost) ** 0.5 and gain > -noise
 
 
+def _float_stage(
+    opts: RecoveryOptions,
+    best: Callable[[], tuple[Judgement, list[str], nn.Module, Any]],
+    trial: Callable[..., None],
+    rank: Callable[[nn.Module], list[tuple[str, float]]],
+) -> str:
+    """Stage three of ``auto``: the best so far with its 1, 2, ... most sensitive layers float (one
+    ranking of that best model), while its cosine falls short of ``float_target``; says what it did."""
+    if not opts.keeps_layers_float():
+        return "not tried: this pass keeps no layers float"
+    if not opts.float_layers:
+        return "not tried: float_layers is 0"
+    judged, combo, m, _ = best()
+    if judged.cosine >= opts.float_target:
+        return f"not needed: cosine {judged.cosine:.5f} >= float_target {opts.float_target}"
+    t0 = time.perf_counter()
+    ranked = rank(m)
+    note = f"tried on top of {combo or 'none'} (ranking {time.perf_counter() - t0:.1f} s)"
+    for k in range(1, min(opts.float_layers, len(ranked)) + 1):
+        trial([*combo, "sensitive_float"], 3, opts.model_copy(update={"float_layers": k}), ranked)
+        if best()[0].cosine >= opts.float_target:
+            break
+    return note
+
+
 def choose(
     model: nn.Module,
     example: Any,
@@ -1067,22 +1103,9 @@ def choose(
         trial(combo, 2)
     if best is None:
         raise ValueError("every recovery candidate failed: " + "; ".join(t.get("error", "") for t in trials))
-    float_note = "not tried: " + (
-        "this pass keeps no layers float" if not opts.keeps_layers_float() else "float_layers is 0"
+    float_note = _float_stage(
+        opts, lambda: best, trial, lambda m: rank_sensitivity(m, example, batches, skip)
     )
-    if opts.float_layers and opts.keeps_layers_float():
-        # stage three: the best with its 1, 2, ... most sensitive layers float, while it falls short
-        judged, combo, m, _ = best
-        if judged.cosine >= opts.float_target:
-            float_note = f"not needed: cosine {judged.cosine:.5f} >= float_target {opts.float_target}"
-        else:
-            t0 = time.perf_counter()
-            ranked = rank_sensitivity(m, example, batches, skip)
-            float_note = f"tried on top of {combo or 'none'} (ranking {time.perf_counter() - t0:.1f} s)"
-            for k in range(1, min(opts.float_layers, len(ranked)) + 1):
-                trial([*combo, "sensitive_float"], 3, opts.model_copy(update={"float_layers": k}), ranked)
-                if best[0].cosine >= opts.float_target:
-                    break
     judged, combo, m, records = best
     log.info("recovery auto chose %s (cosine %.5f on calibration batches)", combo or "none", judged.cosine)
     info = {

@@ -230,7 +230,8 @@ def _recover(
 
     def score(candidate: nn.Module, algorithms: list[str]) -> torch.Tensor:
         built.pop("last", None)
-        q = build(mode, copy.deepcopy(candidate), ctx, _quantize_with(opts, algorithms, candidate), backend, exports)
+        how = _quantize_with(opts, algorithms, candidate)
+        q = build(mode, copy.deepcopy(candidate), ctx, how, backend, exports)
         with quantized_engine(None if mode == "pt2e" else backend), torch.inference_mode():
             out = torch.cat([select_output(call(q, x), ctx.output).float() for x in held.judge])
         built["last"] = q
@@ -245,7 +246,8 @@ def _recover(
     if "best" in built and (q is None or info["chosen"]):  # built and calibrated already, alike
         q = built["best"]
     elif q is None or info["chosen"]:  # the int8 model of the float model recovery settled on
-        q = build(mode, copy.deepcopy(fixed), ctx, _quantize_with(opts, info["chosen"], fixed), backend, exports)
+        how = _quantize_with(opts, info["chosen"], fixed)
+        q = build(mode, copy.deepcopy(fixed), ctx, how, backend, exports)
     if exports is not None:
         info["exports"] = {
             "exported": exports.exported,
