@@ -130,7 +130,7 @@ def test_fx_qat_clips_activations_where_the_int8_kernels_clip(trained_cnn, digit
     fake-quantizer clips them. While QAT trains, KernelClip clips at 0..255 with the same scale,
     and puts 0..127 back for conversion (which recomputes scale and zero point from it)."""
     from torchtame.passes.qat import KernelClip, _convert
-    from torchtame.runtime import quantized_engine
+    from torchtame.runtime import has_vnni, quantized_engine
 
     x = 3 * digits.example_input(64)  # three times the calibrated range: outliers everywhere
     with quantized_engine("x86"), torch.no_grad():
@@ -148,7 +148,9 @@ def test_fx_qat_clips_activations_where_the_int8_kernels_clip(trained_cnn, digit
     def cos(a: torch.Tensor, b: torch.Tensor) -> float:
         return nn.functional.cosine_similarity(a, b).mean().item()
 
-    assert cos(kernels, converted) > 0.9999
+    # with VNNI the kernels sum in 32 bits and clip exactly there; an AVX2-only CPU sums pairs in
+    # 16 bits and saturates on some of these 3x outliers (AMD EPYC: 0.9906, 7-bit clipping 0.9499)
+    assert cos(kernels, converted) > (0.9999 if has_vnni() else 0.98)
     assert cos(seven_bit, converted) < cos(kernels, converted) - 1e-4  # what QAT trained before
 
 

@@ -14,7 +14,8 @@ FX, 20 epochs: 63% of the post-training cosine gap closed, against 39% with the 
 kept; benchmarks/compression.py). The result is converted like post-training int8, and
 ``info.int8_vs_trained_cosine`` says how close the int8 model is to the one trained.
 
-FX QAT runs on the engine ``quantize.static`` picks (onednn on x86 CPUs: 8-bit activations).
+FX QAT runs on the engine ``quantize.static`` picks (onednn on x86 CPUs with VNNI: 8-bit
+activations; else x86).
 On the x86/fbgemm engines FX activations are 7-bit (``reduce_range``) but the int8 kernels clip at
 8 bits; there, while training, :class:`KernelClip` clips where the kernels do (without it, int8
 against the trained model: cosine 0.996 on a trained digits MobileNetV2 with ReLU6; with it
@@ -105,8 +106,8 @@ class QatOptions(TrainOptions):
     keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
     backend: Backend | None = Field(
         None,
-        description="fx: quantized engine, as quantize.static's (default: onednn on x86 CPUs, 8-bit "
-        "activations; x86/fbgemm: 7-bit activations).",
+        description="fx: quantized engine, as quantize.static's (default: onednn on x86 CPUs with VNNI, "
+        "8-bit activations, else x86; x86/fbgemm: 7-bit activations).",
     )
     learn_ranges: bool = Field(
         True,

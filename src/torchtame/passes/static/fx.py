@@ -27,8 +27,8 @@ class StaticOptions(RecoveryOptions):
     )
     backend: Backend | None = Field(
         None,
-        description="Quantized engine for FX/eager int8 (default: onednn on x86 CPUs, 8-bit activations; "
-        "x86/fbgemm calibrate 7-bit activations, which their kernels need).",
+        description="Quantized engine for FX/eager int8 (default: onednn on x86 CPUs with VNNI, 8-bit "
+        "activations; else x86; x86/fbgemm calibrate 7-bit activations, which their kernels need).",
     )
     calibration_batches: int | None = Field(None, ge=1, description="Default: the whole split.")
     activation_observer: Literal["minmax", "moving_average", "histogram", "range_search"] = Field(
