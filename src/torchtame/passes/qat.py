@@ -50,7 +50,7 @@ from ..inputs import as_args, call, select_output
 from ..onnx_runtime import compare_outputs
 from ..options import TrainOptions
 from ..registry import register_pass
-from ..runtime import check_backend, quantized_engine
+from ..runtime import activation_quant_max, check_backend, quantized_engine
 from ..variant import PassContext, Variant
 from ._select import Backend, match_modules, require_float
 from .finetune import train_with
@@ -187,7 +187,8 @@ def _prepare_pt2e(
 
     gm = export_dynamic(model.train(), ctx.example_input).module()
     changes = normalise(gm, model)
-    config = get_default_x86_inductor_quantization_config(is_qat=True)
+    seven_bit = activation_quant_max() < 255  # no VNNI: the kernels saturate 8-bit activations
+    config = get_default_x86_inductor_quantization_config(is_qat=True, reduce_range=seven_bit)
     weight = config.weight
     assert weight is not None
     weight = dataclasses.replace(
