@@ -314,7 +314,7 @@ def render(data: dict[str, Any]) -> list[str]:
         eager = p50["fp32 eager"] / p50["pt2e recovery auto"]
         vs_compiled = p50["fp32 compiled"] / p50["pt2e recovery auto"]
         ok = best["cosine"] >= 0.995 and best["agreement"] >= 95 and eager >= 5 and vs_compiled > 1
-        if row["model"].endswith(TRAINED_AT):  # a target architecture with real weights at 64x64
+        if row["model"].endswith(TRAINED_AT):  # a target architecture with real weights (digits)
             lines.append(
                 f"- {row['model']}: recovered static int8 cosine {best['cosine']}, agreement "
                 f"{best['agreement']}% (plain int8 {row['pt2e']['cosine']} / {row['pt2e']['agreement']}%, "
