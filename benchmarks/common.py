@@ -34,6 +34,14 @@ RESULTS = HERE / "RESULTS.md"
 
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
+    try:  # the CPU model and whether it has VNNI: int8 kernels differ with it (torchtame.runtime)
+        from torchtame.runtime import has_vnni
+
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+        cpu = f"{names[0] if names else cpu} ({'VNNI' if has_vnni() else 'no VNNI'})"
+    except OSError:
+        pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (
         f"{cpu}, {torch.get_num_threads()} torch threads, {gpu}; torch {torch.__version__}, "

@@ -164,6 +164,7 @@ def _onnx_rows(
         sess = session(v.onnx_path, "cpu")
         out = torch.cat([select_output(run_session(sess, xb)).float() for xb in held.split(16)])
         rows[label] = {**_figures(ref, out), "build_s": round(time.perf_counter() - t0, 1)}
+        rows[label]["reduce_range"] = v.info.get("reduce_range")
         if "recovery" in v.info:
             rows[label]["chosen"] = v.info["recovery"]["chosen"]
             rows[label]["trials"] = v.info["recovery"]["trials"]
@@ -265,7 +266,9 @@ def render(data: dict[str, Any]) -> list[str]:
         "224x224), then quantized, judged and timed at 3x224x224 like the random ones, on the "
         "digits' evaluation split. `(k float)`: the best of the first two stages "
         "with its k most quantization-sensitive layers kept float (auto's third stage, tried only "
-        "while its cosine falls short of float_target).",
+        "while its cosine falls short of float_target). onnx rows not marked `(7-bit weights)` "
+        "quantized weights to 8 bits, which onnxruntime's u8 x s8 kernels saturate on a CPU without "
+        "VNNI (quantize.onnx's `reduce_range` now defaults to 7 bits there).",
         "",
         "| model | variant | cosine | agreement % | build s | b8 p50 ms | vs fp32 eager | vs fp32 compiled |",
         "|---|---|---|---|---|---|---|---|",
@@ -292,6 +295,8 @@ def render(data: dict[str, Any]) -> list[str]:
                     f"{p50['fp32 compiled'] / p50[label]:.2f}x",
                 ]
             shown = label + (f" (chose {' + '.join(r['chosen']) or 'none'})" if "chosen" in r else "")
+            if label.startswith("onnx") and r.get("reduce_range"):
+                shown += " (7-bit weights)"
             if r.get("kept_float"):
                 shown += f"; float: {', '.join(r['kept_float'])}"
             cells = [row["model"], shown, r["cosine"], r["agreement"], r["build_s"], *speed]

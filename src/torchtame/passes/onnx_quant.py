@@ -22,6 +22,7 @@ from ..evaluate.graph import inspect_onnx
 from ..inputs import batch_size, call, concat, repeat_batch, select_output, take
 from ..onnx_runtime import feed, run_session, session
 from ..registry import register_pass
+from ..runtime import has_vnni
 from ..variant import PassContext, Variant
 from . import ranges, recovery
 from ._select import require_float
@@ -48,7 +49,13 @@ class OnnxQuantOptions(RecoveryOptions):
     weight_type: Literal["int8", "uint8"] = "int8"
     activation_type: Literal["int8", "uint8"] = "uint8"
     preprocess: bool = Field(True, description="Run quant_pre_process (shape inference) first.")
-    reduce_range: bool = False
+    reduce_range: bool | None = Field(
+        None,
+        description="7-bit weights: onnxruntime's u8 x s8 kernels saturate on CPUs without VNNI (AVX2 "
+        "only; a digits MobileNetV2 on an AMD EPYC: cosine to float 0.9825 with 8-bit weights, 0.9987 "
+        "with 7-bit). Default: on where the CPU building the variant has no VNNI; set it for the CPU "
+        "that will run the model.",
+    )
     nodes_to_exclude: list[str] = Field(
         default_factory=list, description="ONNX node names kept in float (see the variant's graph info)."
     )
@@ -64,8 +71,12 @@ class OnnxQuantOptions(RecoveryOptions):
         default_factory=OnnxOptions, description="Used when the source is a torch variant."
     )
 
+    def seven_bit_weights(self) -> bool:
+        """``reduce_range`` as given, or on where this CPU has no VNNI."""
+        return self.reduce_range if self.reduce_range is not None else not has_vnni()
+
     def per_channel_weights(self) -> bool:
-        return self.per_channel and self.weight_type == "int8" and not self.reduce_range
+        return self.per_channel and self.weight_type == "int8" and not self.seven_bit_weights()
 
     def quantizes_onnx(self) -> bool:
         return True
@@ -196,6 +207,7 @@ def quantize_onnx(model: nn.Module | None, ctx: PassContext, opts: OnnxQuantOpti
         "mode": opts.mode,
         "format": opts.format,
         "per_channel": opts.per_channel,
+        "reduce_range": opts.seven_bit_weights(),
         "calibration_method": used.calibration_method if opts.mode == "static" else None,  # as used
         "op_types_quantized": used.op_types_to_quantize or "all",
         **({"ranges": searched} if searched else {}),
@@ -303,7 +315,7 @@ def _quantize(
                 str(out),
                 weight_type=qtype[opts.weight_type],
                 per_channel=opts.per_channel,
-                reduce_range=opts.reduce_range,
+                reduce_range=opts.seven_bit_weights(),
                 nodes_to_exclude=opts.nodes_to_exclude,
                 op_types_to_quantize=opts.op_types_to_quantize,
             )
@@ -314,7 +326,7 @@ def _quantize(
                 reader,
                 quant_format=oq.QuantFormat.QDQ if opts.format == "QDQ" else oq.QuantFormat.QOperator,
                 per_channel=opts.per_channel,
-                reduce_range=opts.reduce_range,
+                reduce_range=opts.seven_bit_weights(),
                 weight_type=qtype[opts.weight_type],
                 activation_type=qtype[opts.activation_type],
                 calibrate_method=getattr(oq.CalibrationMethod, method),

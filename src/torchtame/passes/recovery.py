@@ -909,8 +909,9 @@ class RecoveryOptions(Strict):
     def _adaround_grid(self) -> RecoveryOptions:
         if isinstance(self.recovery, list) and "adaround" in self.recovery and not self.per_channel_weights():
             raise ValueError(
-                "`adaround` learns roundings on the per-channel int8 grid, and these options quantize "
-                "weights per tensor: use per-channel weights, or drop adaround"
+                "`adaround` learns roundings on the per-channel int8 grid (8 bits), and these options "
+                "quantize weights per tensor or with 7 bits (`reduce_range`, quantize.onnx's default on "
+                "CPUs without VNNI): use per-channel 8-bit weights (`reduce_range: false`), or drop adaround"
             )
         if (
             isinstance(self.recovery, list)
