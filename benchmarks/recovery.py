@@ -253,6 +253,7 @@ def _trial_text(trials: list[dict[str, Any]]) -> str:
 
 
 def render(data: dict[str, Any]) -> list[str]:
+    trained = any(row["model"].endswith(TRAINED_AT) for row in data["rows"])
     lines = [
         "Post-training int8 with and without accuracy recovery. Cosine and top-1 agreement with "
         "float are on evaluation images drawn apart from calibration; `recovery: auto` scores each "
@@ -261,14 +262,19 @@ def render(data: dict[str, Any]) -> list[str]:
         "trial figures are listed per model: each algorithm's gain alone and combined). The "
         "weights-only row (per-channel int8 weights, float activations) is the floor of what weight "
         "rounding alone costs. Random-weight models: BatchNorm statistics recalibrated on the inputs; "
-        "their weights-only floor (cosine 0.986-0.990) is below the 0.995 target, so the same "
-        "architectures are also trained here on the digits (upsampled, 10 epochs at 64x64 and one at "
-        "224x224), then quantized, judged and timed at 3x224x224 like the random ones, on the "
-        "digits' evaluation split. `(k float)`: the best of the first two stages "
-        "with its k most quantization-sensitive layers kept float (auto's third stage, tried only "
-        "while its cosine falls short of float_target). onnx rows not marked `(7-bit weights)` "
-        "quantized weights to 8 bits, which onnxruntime's u8 x s8 kernels saturate on a CPU without "
-        "VNNI (quantize.onnx's `reduce_range` now defaults to 7 bits there).",
+        "their weights-only floor (cosine 0.986-0.990) is below the 0.995 target"
+        + (
+            ", so the same architectures are also trained here on the digits (upsampled, 10 epochs "
+            "at 64x64 and one at 224x224), then quantized, judged and timed at 3x224x224 like the "
+            "random ones, on the digits' evaluation split."
+            if trained
+            else " (this run predates the rows of the same architectures trained here)."
+        )
+        + " `(k float)`: the best of the first two stages with its k most quantization-sensitive "
+        "layers kept float (auto's third stage, tried only while its cosine falls short of "
+        "float_target). onnx rows not marked `(7-bit weights)` quantized weights to 8 bits, which "
+        "onnxruntime's u8 x s8 kernels saturate on a CPU without VNNI (quantize.onnx's "
+        "`reduce_range` now defaults to 7 bits there).",
         "",
         "| model | variant | cosine | agreement % | build s | b8 p50 ms | vs fp32 eager | vs fp32 compiled |",
         "|---|---|---|---|---|---|---|---|",
