@@ -6,8 +6,8 @@ Models (random init: no weights can be downloaded here; BatchNorm statistics rec
 inputs, as benchmarks/int8_modes.py does): torchvision mobilenet_v2, timm tf_efficientnet_lite0
 (Conv2dSame subclasses that pad in forward) and timm mobilenetv3_large_100, synthetic 3x224x224
 images; timm vit_tiny_patch16_224 (64x64 inputs) through onnxruntime. With real weights: the
-same three CNN architectures (10 classes) trained here on the digits upsampled (10 epochs at
-3x64x64, one at 3x224x224; then quantized, judged and timed at 224x224), and a mobilenet_v2
+same three CNN architectures (10 classes) trained here on the digits upsampled to 3x64x64 (10
+epochs; quantized, judged and timed at 64x64), and a mobilenet_v2
 (width 0.5) trained on the 8x8 digits (benchmarks/compression.py's), evaluated on the digits'
 evaluation split. Calibration and evaluation data are drawn apart.
 
@@ -78,10 +78,10 @@ def digits_at(size: int) -> Any:
     return DataBundle(train, cal, held, True, 10, (3, size, size), f"digits at {size}x{size}")
 
 
-def trained_target(name: str, epochs: int = 10, size: int = 224, small: int = 64) -> tuple[nn.Module, Any]:
-    """A target architecture (10 classes) trained here on the digits: ``epochs`` at ``small`` x
-    ``small`` (fast on 2 cores), then one at ``size`` x ``size``, the resolution it is quantized,
-    judged and timed at: real weights and real inputs, which random-weight models cannot give."""
+def trained_target(name: str, epochs: int = 10, size: int = 64) -> tuple[nn.Module, Any]:
+    """A target architecture (10 classes) trained here on the digits at ``size`` x ``size``: real
+    weights and real inputs, which random-weight models cannot give. (One more epoch at 224x224
+    after 64x64 left mobilenetv3_large_100 at 30% top-1 at 224: these rows stay at 64x64.)"""
     import timm
     import torchvision
 
@@ -92,12 +92,10 @@ def trained_target(name: str, epochs: int = 10, size: int = 224, small: int = 64
         model = torchvision.models.mobilenet_v2(num_classes=10)
     else:
         model = timm.create_model(name, num_classes=10)
-    t0 = time.perf_counter()
-    train(model, digits_at(small).train, epochs=epochs, lr=3e-3, seed=0)
     data = digits_at(size)
-    train(model, data.train, epochs=1, lr=1e-3, seed=0)
-    seconds = time.perf_counter() - t0
-    print(f"{name}: trained on digits at {small}x{small}, then {size}x{size}, in {seconds:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    train(model, data.train, epochs=epochs, lr=3e-3, seed=0)
+    print(f"{name}: trained on digits at {size}x{size} in {time.perf_counter() - t0:.0f} s", flush=True)
     return model.eval(), data
 
 
@@ -130,7 +128,7 @@ def cnns(quick: bool) -> list[tuple[str, nn.Module, Any, bool]]:
 
 
 TRAINED = "mobilenet_v2 x0.5, trained here on digits"
-TRAINED_AT = ", trained here on digits (3x224x224)"
+TRAINED_AT = ", trained here on digits (3x64x64)"
 
 
 def weights_only(model: nn.Module, example: Any) -> nn.Module:
@@ -264,9 +262,9 @@ def render(data: dict[str, Any]) -> list[str]:
         "rounding alone costs. Random-weight models: BatchNorm statistics recalibrated on the inputs; "
         "their weights-only floor (cosine 0.986-0.990) is below the 0.995 target"
         + (
-            ", so the same architectures are also trained here on the digits (upsampled, 10 epochs "
-            "at 64x64 and one at 224x224), then quantized, judged and timed at 3x224x224 like the "
-            "random ones, on the digits' evaluation split."
+            ", so the same architectures are also trained here on the digits (upsampled to 3x64x64, "
+            "10 epochs) and quantized, judged and timed at 64x64 on the digits' evaluation split "
+            "(their speed-ups at 64x64 are not the 224x224 target's)."
             if trained
             else " (this run predates the rows of the same architectures trained here)."
         )
@@ -331,9 +329,8 @@ def render(data: dict[str, Any]) -> list[str]:
                 f"{best['agreement']}% (plain int8 {row['pt2e']['cosine']} / {row['pt2e']['agreement']}%, "
                 f"weights-only floor {row['weights_only']['cosine']}) -> fidelity "
                 f"{'met' if best['cosine'] >= 0.995 and best['agreement'] >= 95 else 'NOT met'} "
-                f"(cosine >= 0.995, agreement >= 95%); {eager:.2f}x fp32 eager, {vs_compiled:.2f}x fp32 "
-                f"compiled -> speed {'met' if eager >= 5 and vs_compiled > 1 else 'NOT met'} (>= 5x "
-                "eager, faster than compiled)"
+                f"(cosine >= 0.995, agreement >= 95%); at 64x64 b8 {eager:.2f}x fp32 eager, "
+                f"{vs_compiled:.2f}x fp32 compiled (the speed target is for 224x224: the rows above)"
             )
             continue
         if row["model"] == TRAINED:  # not one of the target models: real weights, for comparison
