@@ -189,14 +189,35 @@ def test_adaround_learns_better_roundings_through_padding_subclasses() -> None:
     assert cos[1] > cos[0] + 0.003, cos  # on inputs it never saw
 
 
-def test_adaround_integers_are_what_the_back_ends_store(trained_cnn, digits) -> None:
-    for mode in ("fx", "pt2e"):
-        options = {"mode": mode, "recovery": ["adaround"], "adaround_iterations": 20}
-        v = apply_pass("quantize.static", trained_cnn, digits, options)
+@pytest.mark.parametrize("vnni", [True, False])
+def test_adaround_integers_are_what_the_back_ends_store(
+    trained_cnn, digits, tmp_path, monkeypatch, vnni
+) -> None:
+    """On either CPU's weight grid (PT2E and onnxruntime use 7-bit weights without VNNI; FX 8-bit)."""
+    from torchtame import runtime
+    from torchtame.passes import onnx_quant
+
+    monkeypatch.setattr(runtime, "has_vnni", lambda: vnni)
+    monkeypatch.setattr(onnx_quant, "has_vnni", lambda: vnni)
+    eight = {"conv": [-128, 127], "linear": [-128, 127]}
+    grids = {
+        "fx": eight,
+        "pt2e": eight if vnni else {"conv": [-64, 63], "linear": [-64, 63]},
+        "onnx": {"conv": [-128, 127], "linear": [-127, 127]}
+        if vnni
+        else {"conv": [-64, 64], "linear": [-64, 64]},
+    }
+    options = {"recovery": ["adaround"], "adaround_iterations": 20}
+    for mode, grid in grids.items():
+        if mode == "onnx":
+            v = apply_pass("quantize.onnx", trained_cnn, digits, options, work_dir=tmp_path)
+        else:
+            v = apply_pass("quantize.static", trained_cnn, digits, {**options, "mode": mode})
         [rec] = v.info["recovery"]["applied"]
         assert rec["backend_check"] == {"layers_verified": "5/5", "not_matched": []}, mode
+        assert v.info["recovery"]["weight_grid"] == grid, mode
         assert "expected_integers" not in rec  # tensors never reach results.json
-    with pytest.raises(Exception, match="per-channel int8 grid"):
+    with pytest.raises(Exception, match="per-channel symmetric int8 grid"):
         apply_pass("quantize.static", trained_cnn, digits, {**options, "weight_granularity": "per_tensor"})
 
 

@@ -7,9 +7,11 @@ float. AdaRound learns that choice per weight on calibration data: a soft roundi
 ``h`` to 0 or 1 is minimised, and the hard choice ``floor(w / s) + [V >= 0]`` is kept.
 
 The chosen integers are written back as float weights ``s * q`` on the same per-channel symmetric
-grid the back ends use (scale = max|w| / 127.5 per output channel, as torch.ao's, torchao's and
-onnxruntime's symmetric observers compute it). Each channel's largest weight is left exactly as it
-was, so the back end computes the very same scale from the written weights and its
+grid the back end uses (:func:`weight_grid`: -128..127 with scale = max|w| / 127.5 per output
+channel, as torch.ao's, torchao's and onnxruntime's Conv observers compute it; onnxruntime's
+Gemm/MatMul weights -127..127, max|w| / 127; 7-bit grids on CPUs without VNNI: PT2E's -64..63,
+max|w| / 63.5, onnxruntime's ``reduce_range`` -64..64, max|w| / 64). Each channel's largest weight
+is left exactly as it was, so the back end computes the very same scale from the written weights and its
 round-to-nearest reproduces the learned integers (:func:`integers` says which ones; the
 quantize passes check their converted models against them).
 
@@ -20,9 +22,10 @@ weights, so those are the ones to round.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,19 +44,55 @@ class _Captured(Exception):
     """Stops a forward pass once the layer of interest has seen its input."""
 
 
+Grid = tuple[int, int]
+_GRID: contextvars.ContextVar[tuple[Grid, Grid]] = contextvars.ContextVar(
+    "weight_grid", default=((-128, 127), (-128, 127))
+)
+
+
+@contextlib.contextmanager
+def weight_grid(conv: Grid, linear: Grid | None = None) -> Iterator[None]:
+    """Within this block, weight rounding (AdaRound, bias correction's and the sensitivity
+    ranking's simulated int8 weights) uses the symmetric grid ``low..high`` of the back end that
+    will quantize the model: ``conv`` for convolutions, ``linear`` (default: the same) for
+    Linear layers."""
+    token = _GRID.set((conv, linear or conv))
+    try:
+        yield
+    finally:
+        _GRID.reset(token)
+
+
+def grid(w: torch.Tensor) -> Grid:
+    """The symmetric int8 grid in force for weight ``w`` (:func:`weight_grid`; a Linear's weight
+    is 2-d; default -128..127)."""
+    conv, linear = _GRID.get()
+    return linear if w.dim() == 2 else conv
+
+
 def grid_scale(w: torch.Tensor) -> torch.Tensor:
-    """Per-output-channel symmetric int8 scale, shaped to broadcast against ``w``."""
-    scale = w.detach().abs().flatten(1).amax(dim=1).clamp_min(1e-12) / 127.5
+    """Per-output-channel symmetric scale on :func:`grid`, shaped to broadcast against ``w``."""
+    low, high = grid(w)
+    scale = w.detach().abs().flatten(1).amax(dim=1).clamp_min(1e-12) / ((high - low) / 2)
     return scale.reshape((-1,) + (1,) * (w.dim() - 1))
+
+
+def rounded(w: torch.Tensor) -> torch.Tensor:
+    """``w`` rounded to nearest on :func:`grid` (the integers, as floats)."""
+    low, high = grid(w)
+    return torch.clamp(torch.round(w / grid_scale(w)), low, high)
 
 
 def integers(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What a back end's round-to-nearest makes of ``w`` on that grid, and where that is decided
-    by a tie (each channel's largest weight sits at +-127.5 steps: the back end's own scale, one
-    float rounding apart from ours, may put it either side)."""
+    by a tie (on a grid of an odd number of steps each channel's largest weight sits at +-127.5 or
+    +-63.5 steps: the back end's own scale, one float rounding apart from ours, may put it either
+    side)."""
+    low, high = grid(w)
+    half = (high - low) / 2
     steps = w.detach() / grid_scale(w)
-    tie = (steps.abs() - 127.5).abs() < 1e-3
-    return torch.clamp(torch.round(steps), -128, 127).to(torch.int8), tie
+    tie = (steps.abs() - half).abs() < 1e-3 if half % 1 else torch.zeros_like(steps, dtype=torch.bool)
+    return torch.clamp(torch.round(steps), low, high).to(torch.int8), tie
 
 
 def _h(v: torch.Tensor) -> torch.Tensor:
@@ -96,6 +135,7 @@ def round_layer(layer: nn.Module, x: torch.Tensor, iterations: int, seed: int = 
     """Learn ``layer``'s rounding on inputs ``x`` and write it back (see the module docstring)."""
     w = layer.weight.detach().clone()
     s = grid_scale(w)
+    low, high = grid(w)
     floor = torch.floor(w / s)
     rest = (w / s - floor).clamp(0.01, 0.99)
     v = (-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1)).requires_grad_(True)
@@ -104,13 +144,13 @@ def round_layer(layer: nn.Module, x: torch.Tensor, iterations: int, seed: int = 
     rows = 256 if isinstance(layer, nn.Linear) else 8
     warm = int(0.2 * iterations)
     with torch.no_grad():
-        nearest = torch.clamp(torch.round(w / s), -128, 127) * s
+        nearest = rounded(w) * s
     for it in range(iterations):
         idx = torch.randint(0, x.shape[0], (min(rows, x.shape[0]),), generator=gen)
         xb = x[idx]
         with torch.no_grad():
             target = _layer_output(layer, xb, w)
-        soft = s * torch.clamp(floor + _h(v), -128, 127)
+        soft = s * torch.clamp(floor + _h(v), low, high)
         loss = nn.functional.mse_loss(_layer_output(layer, xb, soft), target)
         if it >= warm:
             beta = 20 + (2 - 20) * (it - warm) / max(1, iterations - warm)
@@ -119,7 +159,7 @@ def round_layer(layer: nn.Module, x: torch.Tensor, iterations: int, seed: int = 
         loss.backward()
         opt.step()
     with torch.no_grad():
-        q = torch.clamp(floor + (v >= 0).float(), -128, 127)
+        q = torch.clamp(floor + (v >= 0).float(), low, high)
         new = s * q
         # each channel's largest weight stays as it was, so the back end's scale is the same
         flat_w, flat_new = w.flatten(1), new.flatten(1)

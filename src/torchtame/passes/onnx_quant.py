@@ -76,7 +76,12 @@ class OnnxQuantOptions(RecoveryOptions):
         return self.reduce_range if self.reduce_range is not None else not has_vnni()
 
     def per_channel_weights(self) -> bool:
-        return self.per_channel and self.weight_type == "int8" and not self.seven_bit_weights()
+        return self.per_channel and self.weight_type == "int8"
+
+    def weight_grid(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """onnxruntime's symmetric int8 weight grids, Conv's and Gemm/MatMul's (read from the
+        integers it stores): -64..64 both with ``reduce_range``, else -128..127 and -127..127."""
+        return ((-64, 64), (-64, 64)) if self.seven_bit_weights() else ((-128, 127), (-127, 127))
 
     def quantizes_onnx(self) -> bool:
         return True
@@ -417,7 +422,9 @@ def _recover(
         built["best"] = built["last"]
 
     ctx.progress.status(f"quantize.onnx: recovery {opts.recovery}")
-    fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, on_best=on_best)
+    fixed, info = recovery.recover(
+        model, ctx.example_input, held, opts, score, on_best=on_best, grid=opts.weight_grid()
+    )
     assert info is not None
     info["exports"] = {"exported": template.exported, "reused": template.reused, "batchnorms_folded": folded}
     info["seconds"] = round(time.perf_counter() - t0, 2)  # the template's export included

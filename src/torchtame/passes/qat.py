@@ -19,7 +19,8 @@ activations; else x86).
 On the x86/fbgemm engines FX activations are 7-bit (``reduce_range``) but the int8 kernels clip at
 8 bits; there, while training, :class:`KernelClip` clips where the kernels do (without it, int8
 against the trained model: cosine 0.996 on a trained digits MobileNetV2 with ReLU6; with it
-0.9998). PT2E's activations are 8-bit and the two agree (0.99999).
+0.9998). PT2E's activations are 8-bit (its weights 7-bit on CPUs without VNNI,
+:func:`~torchtame.runtime.pt2e_weight_range`) and the two agree (0.99999).
 
 - ``pt2e``: torchao's ``prepare_qat_pt2e`` with the X86 Inductor quantizer's QAT config on
   torchtame's normalised export (conv-BN pairs fused for training), converted by
@@ -50,7 +51,7 @@ from ..inputs import as_args, call, select_output
 from ..onnx_runtime import compare_outputs
 from ..options import TrainOptions
 from ..registry import register_pass
-from ..runtime import activation_quant_max, check_backend, quantized_engine
+from ..runtime import check_backend, pt2e_weight_range, quantized_engine
 from ..variant import PassContext, Variant
 from ._select import Backend, match_modules, require_float
 from .finetune import train_with
@@ -187,12 +188,14 @@ def _prepare_pt2e(
 
     gm = export_dynamic(model.train(), ctx.example_input).module()
     changes = normalise(gm, model)
-    seven_bit = activation_quant_max() < 255  # no VNNI: the kernels saturate 8-bit activations
-    config = get_default_x86_inductor_quantization_config(is_qat=True, reduce_range=seven_bit)
+    config = get_default_x86_inductor_quantization_config(is_qat=True)
     weight = config.weight
     assert weight is not None
+    low, high = pt2e_weight_range()  # 7-bit weights without VNNI, as quantize.static's PT2E
     weight = dataclasses.replace(
         weight,
+        quant_min=low,
+        quant_max=high,
         qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
         observer_or_fake_quant_ctr=weight_fake_quant(pt2e, per_channel, eps=2**-12),
     )

@@ -59,7 +59,7 @@ from torch import nn
 
 from ..inputs import batch_size, call, select_output
 from ..options import Strict
-from .adaround import adaround, check_integers
+from .adaround import adaround, check_integers, grid_scale, rounded, weight_grid
 
 log = logging.getLogger("torchtame")
 
@@ -452,11 +452,9 @@ def _range_spread(model: nn.Module, pairs: list[Pair]) -> float | None:
 
 
 def fake_quant_weight(w: torch.Tensor) -> torch.Tensor:
-    """Per-output-channel symmetric int8 rounding, as the x86 and onnxruntime kernels store it."""
-    scale = w.abs().flatten(1).amax(dim=1).clamp_min(1e-12) / 127.5
-    shape = (-1,) + (1,) * (w.dim() - 1)
-    q = torch.clamp(torch.round(w / scale.reshape(shape)), -128, 127)
-    return q * scale.reshape(shape)
+    """Per-output-channel symmetric int8 rounding, as the back end stores it (on the grid
+    :func:`.adaround.weight_grid` sets: 8-bit, or 7-bit on CPUs without VNNI)."""
+    return rounded(w) * grid_scale(w)
 
 
 def _channel_mean(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
@@ -909,9 +907,8 @@ class RecoveryOptions(Strict):
     def _adaround_grid(self) -> RecoveryOptions:
         if isinstance(self.recovery, list) and "adaround" in self.recovery and not self.per_channel_weights():
             raise ValueError(
-                "`adaround` learns roundings on the per-channel int8 grid (8 bits), and these options "
-                "quantize weights per tensor or with 7 bits (`reduce_range`, quantize.onnx's default on "
-                "CPUs without VNNI): use per-channel 8-bit weights (`reduce_range: false`), or drop adaround"
+                "`adaround` learns roundings on a per-channel symmetric int8 grid, and these options "
+                "quantize weights per tensor or unsigned: use per-channel int8 weights, or drop adaround"
             )
         if (
             isinstance(self.recovery, list)
@@ -1131,12 +1128,29 @@ def recover(
     score: Callable[[nn.Module, list[str]], torch.Tensor] | None = None,
     skip: set[str] | None = None,
     on_best: Callable[[], None] | None = None,
+    grid: tuple[tuple[int, int], tuple[int, int]] = ((-128, 127), (-128, 127)),
 ) -> tuple[nn.Module, dict[str, Any] | None]:
     """The float model the quantizer should start from, and ``info.recovery`` (None: none asked).
     The algorithms read ``held.fit`` (:func:`held_outputs`); ``score`` runs the quantized model of
-    a float model on ``held.judge``, judged against ``held.reference``."""
+    a float model on ``held.judge``, judged against ``held.reference``. ``grid``: the back end's
+    symmetric weight grids, convolutions' and Linears' (:func:`.adaround.weight_grid`)."""
     if opts.recovery == "none":
         return model, None
+    with weight_grid(*grid):
+        m, info = _recover(model, example, held, opts, score, skip, on_best)
+    info["weight_grid"] = {"conv": list(grid[0]), "linear": list(grid[1])}
+    return m, info
+
+
+def _recover(
+    model: nn.Module,
+    example: Any,
+    held: Held,
+    opts: RecoveryOptions,
+    score: Callable[[nn.Module, list[str]], torch.Tensor] | None,
+    skip: set[str] | None,
+    on_best: Callable[[], None] | None,
+) -> tuple[nn.Module, dict[str, Any]]:
     if opts.recovery == "auto":
         assert score is not None
         m, info = choose(model, example, held.fit, opts, score, held.reference, skip, on_best)

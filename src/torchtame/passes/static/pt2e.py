@@ -27,7 +27,7 @@ from torch import nn
 from ...errors import PassError, first_line
 from ...inputs import as_args, batch_size, repeat_batch, tensors
 from ...optional import require
-from ...runtime import activation_quant_max
+from ...runtime import pt2e_weight_range
 from .. import ranges
 
 log = logging.getLogger("torchtame")
@@ -145,8 +145,8 @@ def normalise(gm: torch.fx.GraphModule, model: nn.Module) -> dict[str, Any]:
 
 def x86_config(observer: str, per_channel: bool) -> Any:
     """The X86 Inductor quantization config with the recipe's activation observer and weight
-    granularity (activations: uint8 affine per tensor, the only layout its int8 kernels take; 7-bit
-    on CPUs without VNNI, :func:`~torchtame.runtime.activation_quant_max`)."""
+    granularity (activations: uint8 affine per tensor, the only layout its int8 kernels take; weights
+    symmetric on :func:`~torchtame.runtime.pt2e_weight_range`'s grid: 7-bit on CPUs without VNNI)."""
     pt2e = require("torchao.quantization.pt2e", "PT2E quantization", PassError)
     from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec
 
@@ -159,7 +159,7 @@ def x86_config(observer: str, per_channel: bool) -> Any:
     act = QuantizationSpec(
         dtype=torch.uint8,
         quant_min=0,
-        quant_max=activation_quant_max(),
+        quant_max=255,
         qscheme=torch.per_tensor_affine,
         is_dynamic=False,
         observer_or_fake_quant_ctr=act_cls.with_args(eps=2**-12),
@@ -170,10 +170,11 @@ def x86_config(observer: str, per_channel: bool) -> Any:
     else:
         weight_obs = pt2e.MinMaxObserver.with_args(eps=2**-12)
         scheme = torch.per_tensor_symmetric
+    low, high = pt2e_weight_range()
     weight = QuantizationSpec(
         dtype=torch.int8,
-        quant_min=-128,
-        quant_max=127,
+        quant_min=low,
+        quant_max=high,
         qscheme=scheme,
         ch_axis=0,
         is_dynamic=False,
