@@ -284,9 +284,11 @@ def held_out_loss(
     use_labels: bool,
     device: str,
     max_batches: int = 16,
+    skip: int = 0,
 ) -> float:
     """The training objective (as :func:`train` computes it) on up to ``max_batches`` batches of a
-    split held apart from training, the model in eval mode; leaves the mode as it found it."""
+    split held apart from training (after its first ``skip``), the model in eval mode; leaves the
+    mode as it found it."""
     was_training = model.training
     objective = _Objective(model, distill, output, use_labels)
     total, count = 0.0, 0
@@ -296,7 +298,9 @@ def held_out_loss(
         # the dropout masks of the training that goes on after this
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             for i, (x, y) in enumerate(loader):
-                if i >= max_batches:
+                if i < skip:
+                    continue
+                if i >= skip + max_batches:
                     break
                 x, y = prepare(x, device), y.to(device)
                 n = batch_size(x)

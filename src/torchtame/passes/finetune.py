@@ -93,13 +93,28 @@ def finetune(model: nn.Module | None, ctx: PassContext, opts: FinetuneOptions) -
 
 class _BestWeights:
     """Scores the model on the calibration split before training and after each epoch, keeps a
-    copy of the best weights, and puts them back at the end."""
+    copy of the best weights, and puts them back at the end.
+
+    Weights the parent fitted on calibration batches (``prune.structured``'s least-squares refit)
+    are not judged on those batches: on them the starting point looks better than it is (the
+    quickstart's pruned CNN: held-out loss 0.07 on the batches it was refitted on, and every epoch
+    of fine-tuning "worse" there, while it raised top-1 on the evaluation split from 98.14% to
+    98.89%). The later calibration batches judge instead; where the refit read them all, the
+    starting weights do not compete and the best trained epoch is kept."""
 
     def __init__(self, model: nn.Module, ctx: PassContext, opts: TrainOptions) -> None:
         self.model = model
         distill = distill_from_options(opts, ctx.baseline.module, ctx.task == "features")
         # Distillation without a train split trains on the calibration split: nothing is held apart.
         self.held_apart = _training_loader(ctx, opts) is not ctx.data.calibration
+        fitted = int((ctx.parent.info.get("reconstruction") or {}).get("batches", 0))
+        remaining = len(ctx.data.calibration) - fitted
+        self.start_fitted = fitted > 0 and remaining <= 0  # fitted on every calibration batch
+        self.judged_on = (
+            f"calibration batches after the {fitted} the refit of {ctx.parent.name} read"
+            if fitted and remaining > 0
+            else None
+        )
         self.score = lambda: held_out_loss(
             model,
             ctx.data.calibration,
@@ -107,15 +122,20 @@ class _BestWeights:
             output=ctx.output,
             use_labels=bool(ctx.data.use_labels),
             device=ctx.train_device,
+            skip=fitted if remaining > 0 else 0,
         )
         self.losses: list[float] = []
         self.best: dict[str, torch.Tensor] | None = None
+
+    def _eligible(self) -> list[int]:
+        return list(range(1 if self.start_fitted else 0, len(self.losses)))
 
     def _record(self) -> None:
         if not self.held_apart:
             return
         self.losses.append(self.score())
-        if self.losses[-1] <= min(self.losses):
+        i = len(self.losses) - 1
+        if i in self._eligible() and self.losses[i] <= min(self.losses[j] for j in self._eligible()):
             self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def on_step(self, done: int) -> None:
@@ -130,8 +150,17 @@ class _BestWeights:
             return {
                 "kept": "last (distillation trained on the calibration split: none held apart to choose by)"
             }
-        kept = min(range(len(self.losses)), key=self.losses.__getitem__)
+        eligible = self._eligible() or [len(self.losses) - 1]
+        kept = min(eligible, key=self.losses.__getitem__)
         info: dict[str, Any] = {"held_out_loss": [round(v, 5) for v in self.losses], "kept_epoch": kept}
+        if self.judged_on:
+            info["held_out_on"] = self.judged_on
+        if self.start_fitted:
+            info["start_not_judged"] = (
+                "the weights it started from were refitted on every calibration batch, so the loss "
+                "there favours them: the best trained epoch is kept (give the calibration split more "
+                "batches than `reconstruct_batches` to judge them too)"
+            )
         if kept != len(self.losses) - 1:
             assert self.best is not None
             self.model.load_state_dict(self.best)
