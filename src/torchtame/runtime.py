@@ -52,20 +52,31 @@ def pt2e_weight_range() -> tuple[int, int]:
     return (-128, 127) if has_vnni() else (-64, 63)
 
 
+def weight_range(mode: str, backend: str | None = None) -> tuple[int, int]:
+    """The symmetric int8 weight grid static int8 and QAT quantize to, per graph mode and engine:
+    PT2E :func:`pt2e_weight_range`; FX/eager on torch.ao's x86 and fbgemm engines -64..63 (their
+    kernels sum pairs of u8 x s8 products in 16 bits on every CPU; 7-bit weights instead of
+    torch.ao's 7-bit activations: a digits MobileNetV2 0.99858 against 0.99761, a random-weight
+    BatchNorm-recalibrated mobilenet_v2 0.886 against 0.855, resnet18 0.99482 against 0.99522);
+    onednn: as PT2E (7-bit without VNNI); others -128..127."""
+    if mode == "pt2e" or backend == "onednn":
+        return pt2e_weight_range()
+    return (-64, 63) if backend in ("x86", "fbgemm") else (-128, 127)
+
+
 def static_backend() -> str:
     """The engine for static int8 (FX, eager, FX QAT): onednn where this build has it on an x86
-    CPU with VNNI (:func:`has_vnni`), else :func:`default_backend` (x86: 7-bit activations).
+    CPU with VNNI (:func:`has_vnni`), else :func:`default_backend` (x86).
 
-    torch.ao's x86/fbgemm configs calibrate 7-bit activations (``reduce_range``) because fbgemm's
-    kernels sum pairs of u8 x s8 products in 16 bits and saturate with 8-bit activations: on a
-    trained digits MobileNetV2, FX int8 with 8-bit activations on fbgemm reached cosine 0.936 to
-    the int8 model simulated exactly (``convert_to_reference_fx``), on the x86 engine 0.997.
-    onednn's kernels reproduce the simulation with 8-bit activations (0.99987), so they keep more
-    of float: cosine 0.9964 against 0.9899 with x86's 7-bit ones on that model. Speed: within 3%
-    of x86 on mobilenet_v2 and resnet18 (batch 8, 224x224), 8% slower on the quickstart's 8x8
-    digits CNN (batch 1 and 64). All that on a CPU with AVX512-VNNI. On an AVX2-only CPU (AMD EPYC
-    without VNNI) onednn's 8-bit kernels saturate too: the same model's FX int8 fell to cosine
-    0.9835 to float, against 0.9980 with x86's 7-bit activations, so there x86 it is.
+    fbgemm's kernels (torch.ao's x86 and fbgemm engines) sum pairs of u8 x s8 products in 16 bits
+    and saturate with 8-bit activations and 8-bit weights: on a trained digits MobileNetV2, FX
+    int8 reached cosine 0.936 to the int8 model simulated exactly (``convert_to_reference_fx``).
+    torch.ao's configs calibrate 7-bit activations there; torchtame quantizes their weights to 7
+    bits instead (:func:`weight_range`). onednn's kernels with VNNI reproduce the simulation with 8
+    bits on both sides (0.99987) and keep the most of float. Speed: within 3% of x86 on
+    mobilenet_v2 and resnet18 (batch 8, 224x224), 8% slower on the quickstart's 8x8 digits CNN
+    (batch 1 and 64). All that on a CPU with AVX512-VNNI. On an AVX2-only CPU (AMD EPYC without
+    VNNI) onednn's 8-bit kernels saturate too (cosine 0.9835 to float), so there x86 it is.
     """
     engines = torch.backends.quantized.supported_engines
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")

@@ -14,13 +14,12 @@ FX, 20 epochs: 63% of the post-training cosine gap closed, against 39% with the 
 kept; benchmarks/compression.py). The result is converted like post-training int8, and
 ``info.int8_vs_trained_cosine`` says how close the int8 model is to the one trained.
 
-FX QAT runs on the engine ``quantize.static`` picks (onednn on x86 CPUs with VNNI: 8-bit
-activations; else x86).
-On the x86/fbgemm engines FX activations are 7-bit (``reduce_range``) but the int8 kernels clip at
-8 bits; there, while training, :class:`KernelClip` clips where the kernels do (without it, int8
-against the trained model: cosine 0.996 on a trained digits MobileNetV2 with ReLU6; with it
-0.9998). PT2E's activations are 8-bit (its weights 7-bit on CPUs without VNNI,
-:func:`~torchtame.runtime.pt2e_weight_range`) and the two agree (0.99999).
+FX QAT runs on the engine ``quantize.static`` picks (onednn on x86 CPUs with VNNI, else x86).
+Activations are 8-bit everywhere, weights on :func:`~torchtame.runtime.weight_range`'s grid (7-bit
+on x86/fbgemm, and on PT2E/onednn without VNNI), so the fake-quantizers clip where the int8 kernels
+clip. (torch.ao's x86 default, 7-bit activations, clipped at 0..127 while training where the
+kernels' quint8 holds 0..255: int8 against the trained model 0.996 on a trained digits
+MobileNetV2 with ReLU6.) PT2E's int8 model and the trained one agree (0.99999).
 
 - ``pt2e``: torchao's ``prepare_qat_pt2e`` with the X86 Inductor quantizer's QAT config on
   torchtame's normalised export (conv-BN pairs fused for training), converted by
@@ -51,7 +50,7 @@ from ..inputs import as_args, call, select_output
 from ..onnx_runtime import compare_outputs
 from ..options import TrainOptions
 from ..registry import register_pass
-from ..runtime import check_backend, pt2e_weight_range, quantized_engine
+from ..runtime import check_backend, pt2e_weight_range, quantized_engine, weight_range
 from ..variant import PassContext, Variant
 from ._select import Backend, match_modules, require_float
 from .finetune import train_with
@@ -227,17 +226,20 @@ def _prepare_fx(
             "FX QAT cannot take a model called with keyword inputs", hint="use `mode: pt2e` (torch.export)"
         )
     mapping = tq.get_default_qat_qconfig_mapping(backend)
+    low, high = weight_range("fx", backend)  # 7-bit weights on x86/fbgemm, 8-bit activations
     weight = weight_fake_quant(
         tq,
         per_channel,
-        quant_min=-128,
-        quant_max=127,
+        quant_min=low,
+        quant_max=high,
         dtype=torch.qint8,
         qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
     )
     # the default's arguments, but the plain FakeQuantize: it quantizes with the scale it stores
-    # (the fused kernel recomputes it from the observer each call), so KernelClip can widen its clip
-    activation = tq.FakeQuantize.with_args(**mapping.global_qconfig.activation.p.keywords)
+    # (the fused kernel recomputes it from the observer each call)
+    activation = tq.FakeQuantize.with_args(
+        **{**mapping.global_qconfig.activation.p.keywords, "reduce_range": False}
+    )
     mapping.set_global(tq.QConfig(activation=activation, weight=weight))
     for name in keep:
         mapping.set_module_name(name, None)
@@ -371,34 +373,6 @@ def calibrate_ranges(prepared: nn.Module, ctx: PassContext, opts: QatOptions) ->
     return used, summary
 
 
-class KernelClip:
-    """Fake-quantize activations with the clip the int8 kernels apply, not the 7-bit range.
-
-    x86 FX activations are ``reduce_range``: scale and zero point are computed for 0..127, but the
-    converted model's quint8 tensors hold 0..255, so values above the calibrated range survive
-    int8 where the fake-quantizer clipped them. Trained against the 7-bit clip, QAT learns a model
-    that is not the one converted. While training, the activation fake-quantizers whose ranges are
-    fixed (observer off) clip at 0..255 with the scale they store (``FakeQuantize`` reads the
-    observer's ``quant_max`` to clip); :meth:`restore` puts 0..127 back before conversion, which
-    recomputes scale and zero point from the observer and its range.
-    """
-
-    def __init__(self, prepared: nn.Module) -> None:
-        self.changed: list[nn.Module] = []
-        for fq in _activation_quantizers(prepared):
-            obs = fq.activation_post_process
-            if obs.dtype != torch.quint8 or not getattr(obs, "reduce_range", False) or obs.quant_max != 127:
-                continue
-            if not _range_fixed(fq):
-                continue  # a range still moving: its scale is recomputed from quant_max each step
-            obs.quant_max = 255
-            self.changed.append(fq)
-
-    def restore(self) -> None:
-        for fq in self.changed:
-            fq.activation_post_process.quant_max = 127
-
-
 class _LearnedScale:
     """Fake-quantize with a learned scale (mixed into the fake-quantizer's own class, so FX's and
     PT2E's conversion take it through ``calculate_qparams``).
@@ -517,7 +491,6 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
     with quantized_engine(backend if mode == "fx" else None):
         prepared.eval()
         used, ranges = calibrate_ranges(prepared, ctx, opts)
-        clip = KernelClip(prepared)
         learned = learn_ranges(prepared, opts.range_lr / opts.lr) if opts.learn_ranges else None
         curve = Curve(
             prepared,
@@ -541,7 +514,6 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         prepared.eval()
         trained = curve.outputs(prepared)
         moved = _range_changes(learned) if learned is not None else None
-        clip.restore()
         q = _convert(prepared, mode)
         converted = compare_outputs(trained, curve.outputs(q))["cosine_similarity"]
     graph = inspect_pt2e(q) if mode == "pt2e" else inspect_fx(q)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from ...inputs import call, select_output
 from ...onnx_runtime import compare_outputs
 from ...registry import register_pass
 from ...results import info_of
-from ...runtime import check_backend, compiled, pt2e_weight_range, quantized_engine
+from ...runtime import check_backend, compiled, quantized_engine, weight_range
 from ...variant import PassContext, Variant
 from .. import recovery
 from .._select import match_modules, module_types, require_float
@@ -242,7 +242,7 @@ def _recover(
 
     kept = set(match_modules(model, opts.keep_float, "keep_float")) if opts.keep_float else set()
     ctx.progress.status(f"quantize.static: recovery {opts.recovery}")
-    weights = pt2e_weight_range() if mode == "pt2e" else (-128, 127)  # FX: torch.ao's 8-bit weights
+    weights = weight_range(mode, backend)
     grid = (weights, weights)
     fixed, info = recovery.recover(model, ctx.example_input, held, opts, score, kept, on_best, grid)
     if "best" in built and (q is None or info["chosen"]):  # built and calibrated already, alike

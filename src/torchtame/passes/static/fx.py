@@ -12,6 +12,7 @@ from torch import nn
 from ...errors import PassError, first_line
 from ...inputs import as_args, call
 from ...progress import NullProgress
+from ...runtime import weight_range
 from ...variant import PassContext
 from .. import ranges
 from .._select import Backend, match_modules, module_types
@@ -28,7 +29,7 @@ class StaticOptions(RecoveryOptions):
     backend: Backend | None = Field(
         None,
         description="Quantized engine for FX/eager int8 (default: onednn on x86 CPUs with VNNI, 8-bit "
-        "activations; else x86; x86/fbgemm calibrate 7-bit activations, which their kernels need).",
+        "weights; else x86; x86/fbgemm quantize weights to 7 bits, which their kernels need).",
     )
     calibration_batches: int | None = Field(None, ge=1, description="Default: the whole split.")
     activation_observer: Literal["minmax", "moving_average", "histogram", "range_search"] = Field(
@@ -56,8 +57,8 @@ class StaticOptions(RecoveryOptions):
 def build_qconfig(opts: StaticOptions, backend: str) -> Any:
     from torch.ao.quantization import QConfig, observer
 
-    # x86/fbgemm kernels want 7-bit activations; symmetric quint8 cannot reduce its range.
-    reduce_range = backend in ("x86", "fbgemm") and not opts.activation_symmetric
+    # 8-bit activations on every engine; x86/fbgemm kernels take 7-bit weights (runtime.weight_range)
+    low, high = weight_range("fx", backend)
     qscheme = torch.per_tensor_symmetric if opts.activation_symmetric else torch.per_tensor_affine
     act_cls = {
         "minmax": observer.MinMaxObserver,
@@ -65,13 +66,12 @@ def build_qconfig(opts: StaticOptions, backend: str) -> Any:
         "histogram": observer.HistogramObserver,
         "range_search": ranges.observer_class(observer.HistogramObserver),
     }[opts.activation_observer]
-    activation = act_cls.with_args(dtype=torch.quint8, qscheme=qscheme, reduce_range=reduce_range)
+    activation = act_cls.with_args(dtype=torch.quint8, qscheme=qscheme, reduce_range=False)
+    grid = {"dtype": torch.qint8, "quant_min": low, "quant_max": high}
     if opts.weight_granularity == "per_channel":
-        weight = observer.PerChannelMinMaxObserver.with_args(
-            dtype=torch.qint8, qscheme=torch.per_channel_symmetric
-        )
+        weight = observer.PerChannelMinMaxObserver.with_args(**grid, qscheme=torch.per_channel_symmetric)
     else:
-        weight = observer.MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
+        weight = observer.MinMaxObserver.with_args(**grid, qscheme=torch.per_tensor_symmetric)
     return QConfig(activation=activation, weight=weight)
 
 
