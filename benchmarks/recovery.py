@@ -39,7 +39,8 @@ from torchtame import apply_pass, load_data
 from torchtame.inputs import select_output
 from torchtame.onnx_runtime import run_session, session
 from torchtame.passes import recovery
-from torchtame.runtime import compiled
+from torchtame.passes.adaround import weight_grid
+from torchtame.runtime import compiled, pt2e_weight_range
 from torchtame.training import recalibrate_batchnorm
 
 
@@ -132,11 +133,11 @@ TRAINED_AT = ", trained here on digits (3x64x64)"
 
 
 def weights_only(model: nn.Module, example: Any) -> nn.Module:
-    """Per-channel int8 weights (BatchNorms folded first, as the back ends fold them), float
-    activations: what weight rounding alone costs."""
+    """Per-channel int8 weights on PT2E's grid (7-bit on CPUs without VNNI; BatchNorms folded
+    first, as the back ends fold them), float activations: what weight rounding alone costs."""
     m = copy.deepcopy(model)
     recovery.fold_batchnorms(m, example)
-    with torch.no_grad():
+    with torch.no_grad(), weight_grid(*[pt2e_weight_range()] * 2):
         for layer in m.modules():
             if isinstance(layer, recovery.WEIGHTED):
                 layer.weight.copy_(recovery.fake_quant_weight(layer.weight))
@@ -180,6 +181,7 @@ def bench_cnn(
         ref = model(held)
         floor = weights_only(model, data.example_input(8))(held)
     row: dict[str, Any] = {"model": name, "eval_images": len(held), "weights_only": _figures(ref, floor)}
+    row["weights_only"]["grid"] = list(pt2e_weight_range())
     print(f"{name}: weights-only int8 {row['weights_only']}", flush=True)
     built: dict[str, Any] = {}
     for label, options in (
@@ -272,7 +274,13 @@ def render(data: dict[str, Any]) -> list[str]:
         "layers kept float (auto's third stage, tried only while its cosine falls short of "
         "float_target). onnx rows not marked `(7-bit weights)` quantized weights to 8 bits, which "
         "onnxruntime's u8 x s8 kernels saturate on a CPU without VNNI (quantize.onnx's "
-        "`reduce_range` now defaults to 7 bits there).",
+        "`reduce_range` now defaults to 7 bits there). "
+        + (
+            "This machine has no VNNI: PT2E quantized weights to 7 bits (-64..63) with 8-bit "
+            "activations, and the floor is on that grid."
+            if "no VNNI" in str(data.get("meta", {}).get("machine", ""))
+            else "PT2E: 8-bit weights and activations."
+        ),
         "",
         "| model | variant | cosine | agreement % | build s | b8 p50 ms | vs fp32 eager | vs fp32 compiled |",
         "|---|---|---|---|---|---|---|---|",
@@ -286,7 +294,8 @@ def render(data: dict[str, Any]) -> list[str]:
                 lines.append(f"| {row['model']} | {key} | 1 | 100 | - | {p50[key]:.2f} | {eager:.2f}x | - |")
         if "weights_only" in row:
             w = row["weights_only"]
-            floor = f"| {row['model']} | int8 weights only (floor) | {w['cosine']} | {w['agreement']}"
+            bits = " (7-bit weights)" if w.get("grid", [-128])[0] == -64 else ""
+            floor = f"| {row['model']} | int8 weights only (floor){bits} | {w['cosine']} | {w['agreement']}"
             lines.append(floor + " | - | - | - | - |")
         for label, r in row.items():
             if not isinstance(r, dict) or "cosine" not in r or label == "weights_only":
