@@ -69,6 +69,15 @@ def test_qat_pt2e_converts_to_the_static_int8_artefact(trained_cnn, digits) -> N
     assert v.compiled and v.quantized and v.dtype == "int8"
     x = digits.example_input(32)
     assert _fidelity(trained_cnn, v.module, x) > 0.99
+    from torchtame.runtime import pt2e_weight_range
+
+    assert v.info["weight_grid"] == list(pt2e_weight_range())  # 7-bit without VNNI
+    seven = apply_pass("quantize.qat", trained_cnn, digits, {"steps": 2, "weight_bits": 7})
+    from torchtame.passes.adaround import int8_weights
+
+    stored = int8_weights(seven.module)
+    assert seven.info["weight_grid"] == [-64, 63] and len(stored) == 5
+    assert all(int(t.min()) >= -64 and int(t.max()) <= 63 for t in stored)
 
 
 def test_qat_refuses_what_it_cannot_capture_before_training(digits) -> None:

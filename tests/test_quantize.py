@@ -271,6 +271,10 @@ def test_static_engine_follows_the_cpu(monkeypatch) -> None:
         assert runtime.weight_range("fx", "onednn") == (low, high) == runtime.weight_range("pt2e")
         assert runtime.weight_range("fx", "x86") == runtime.weight_range("eager", "fbgemm") == (-64, 63)
         assert runtime.weight_range("fx", "qnnpack") == (-128, 127)
+        with runtime.weight_bits(8):  # a model built here for a CPU of the other kind
+            assert runtime.weight_range("fx", "x86") == runtime.weight_range("pt2e") == (-128, 127)
+        with runtime.weight_bits(7):
+            assert runtime.weight_range("fx", "onednn") == runtime.pt2e_weight_range() == (-64, 63)
 
 
 @pytest.mark.skipif(

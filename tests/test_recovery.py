@@ -216,6 +216,13 @@ def test_adaround_integers_are_what_the_back_ends_store(
         [rec] = v.info["recovery"]["applied"]
         assert rec["backend_check"] == {"layers_verified": "5/5", "not_matched": []}, mode
         assert v.info["recovery"]["weight_grid"] == grid, mode
+        if mode != "onnx":
+            assert v.info["weight_grid"] == grid["conv"], mode
+            forced = apply_pass(
+                "quantize.static", trained_cnn, digits, {**options, "mode": mode, "weight_bits": 8}
+            )
+            assert forced.info["weight_grid"] == [-128, 127], mode  # asked for: whatever the CPU
+            assert forced.info["recovery"]["applied"][0]["backend_check"]["layers_verified"] == "5/5"
         assert "expected_integers" not in rec  # tensors never reach results.json
     with pytest.raises(Exception, match="per-channel symmetric int8 grid"):
         apply_pass("quantize.static", trained_cnn, digits, {**options, "weight_granularity": "per_tensor"})

@@ -50,7 +50,7 @@ from ..inputs import as_args, call, select_output
 from ..onnx_runtime import compare_outputs
 from ..options import TrainOptions
 from ..registry import register_pass
-from ..runtime import check_backend, pt2e_weight_range, quantized_engine, weight_range
+from ..runtime import check_backend, pt2e_weight_range, quantized_engine, weight_bits, weight_range
 from ..variant import PassContext, Variant
 from ._select import Backend, match_modules, require_float
 from .finetune import train_with
@@ -63,6 +63,9 @@ log = logging.getLogger("torchtame")
 class QatOptions(TrainOptions):
     mode: Literal["auto", "pt2e", "fx"] = Field(
         "auto", description="auto: PT2E where torch.export captures the model, else FX; pt2e; fx."
+    )
+    weight_bits: Literal[7, 8] | None = Field(
+        None, description="Weight grid, as quantize.static's (default: what this CPU's kernels take)."
     )
     epochs: int | None = Field(3, ge=1, le=1000, description="Passes over the train split.")
     lr: float = Field(
@@ -481,6 +484,12 @@ NAME = "quantize.qat"
 )
 def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) -> Variant:
     """Quantization-aware training (distillation from the baseline by default), then int8."""
+    with weight_bits(opts.weight_bits):
+        return _quantize_qat(model, ctx, opts)
+
+
+def _quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) -> Variant:
+    """Quantization-aware training (distillation from the baseline by default), then int8."""
     assert model is not None
     require_float(ctx, NAME, "start QAT `from:` a float variant (baseline, pruned, fine-tuned)", float32=True)
     if opts.loss == "distill" and ctx.baseline.module is None:
@@ -529,6 +538,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
         "mode": mode,
         "mode_reason": why,
         "backend": "x86 inductor" if mode == "pt2e" else backend,
+        "weight_grid": list(weight_range(mode, backend)),
         "calibration_batches": used,
         "activation_ranges": {"method": opts.activation_ranges, **ranges},
         "learned_ranges": moved,  # None: learn_ranges false

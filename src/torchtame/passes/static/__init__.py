@@ -24,7 +24,7 @@ from ...inputs import call, select_output
 from ...onnx_runtime import compare_outputs
 from ...registry import register_pass
 from ...results import info_of
-from ...runtime import check_backend, compiled, quantized_engine, weight_range
+from ...runtime import check_backend, compiled, quantized_engine, weight_bits, weight_range
 from ...variant import PassContext, Variant
 from .. import recovery
 from .._select import match_modules, module_types, require_float
@@ -285,6 +285,12 @@ def _slower_hint(entry: dict[str, Any]) -> str:
 )
 def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
     """Static int8 post-training quantization calibrated on the calibration split."""
+    with weight_bits(opts.weight_bits):
+        return _quantize_static(model, ctx, opts)
+
+
+def _quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
+    """Static int8 post-training quantization calibrated on the calibration split."""
     assert model is not None
     require_float(
         ctx,
@@ -313,6 +319,7 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
         "calibration_batches": batches,
         "observer": opts.activation_observer,
         "weight_granularity": opts.weight_granularity,
+        "weight_grid": list(weight_range(mode, backend)),  # 7-bit where the kernels need it
         "kept_float": [*opts.keep_float, *opts.keep_float_types],
         "graph": inspect(mode, q),
     }

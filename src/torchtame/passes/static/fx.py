@@ -40,6 +40,13 @@ class StaticOptions(RecoveryOptions):
     )
     weight_granularity: Literal["per_channel", "per_tensor"] = "per_channel"
     activation_symmetric: bool = False
+    weight_bits: Literal[7, 8] | None = Field(
+        None,
+        description="Weight grid: 7 (-64..63) or 8 (-128..127) bits; activations are 8-bit. Default: "
+        "what this CPU's int8 kernels take without saturating their 16-bit pair sums (7 on the "
+        "x86/fbgemm engines, and on PT2E/onednn without VNNI; else 8). Set 8 for a model built here "
+        "for a CPU with VNNI (onednn/PT2E).",
+    )
     keep_float: list[str] = Field(default_factory=list, description="Module names/regexes kept float.")
     keep_float_types: list[str] = Field(default_factory=list, description="e.g. [Linear].")
     fuse: bool = Field(True, description="Eager mode: fuse Conv-BN(-ReLU) and Linear-ReLU first.")
