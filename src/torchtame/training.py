@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -297,11 +298,7 @@ def held_out_loss(
         # fork_rng: iterating a DataLoader draws a seed from the global generator, which would shift
         # the dropout masks of the training that goes on after this
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            for i, (x, y) in enumerate(loader):
-                if i < skip:
-                    continue
-                if i >= skip + max_batches:
-                    break
+            for x, y in itertools.islice(loader, skip, skip + max_batches):
                 x, y = prepare(x, device), y.to(device)
                 n = batch_size(x)
                 total += objective(x, y, 0).item() * n

@@ -125,17 +125,14 @@ class _BestWeights:
             skip=fitted if remaining > 0 else 0,
         )
         self.losses: list[float] = []
+        self.first = 1 if self.start_fitted else 0  # the first epoch that may be kept
         self.best: dict[str, torch.Tensor] | None = None
-
-    def _eligible(self) -> list[int]:
-        return list(range(1 if self.start_fitted else 0, len(self.losses)))
 
     def _record(self) -> None:
         if not self.held_apart:
             return
         self.losses.append(self.score())
-        i = len(self.losses) - 1
-        if i in self._eligible() and self.losses[i] <= min(self.losses[j] for j in self._eligible()):
+        if len(self.losses) > self.first and self.losses[-1] <= min(self.losses[self.first :]):
             self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def on_step(self, done: int) -> None:
@@ -150,7 +147,7 @@ class _BestWeights:
             return {
                 "kept": "last (distillation trained on the calibration split: none held apart to choose by)"
             }
-        eligible = self._eligible() or [len(self.losses) - 1]
+        eligible = range(min(self.first, len(self.losses) - 1), len(self.losses))
         kept = min(eligible, key=self.losses.__getitem__)
         info: dict[str, Any] = {"held_out_loss": [round(v, 5) for v in self.losses], "kept_epoch": kept}
         if self.judged_on:

@@ -489,7 +489,7 @@ def quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) ->
 
 
 def _quantize_qat(model: nn.Module | None, ctx: PassContext, opts: QatOptions) -> Variant:
-    """Quantization-aware training (distillation from the baseline by default), then int8."""
+    """The pass itself, inside :func:`~torchtame.runtime.weight_bits`."""
     assert model is not None
     require_float(ctx, NAME, "start QAT `from:` a float variant (baseline, pruned, fine-tuned)", float32=True)
     if opts.loss == "distill" and ctx.baseline.module is None:

@@ -290,7 +290,7 @@ def quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptio
 
 
 def _quantize_static(model: nn.Module | None, ctx: PassContext, opts: StaticOptions) -> Variant:
-    """Static int8 post-training quantization calibrated on the calibration split."""
+    """The pass itself, inside :func:`~torchtame.runtime.weight_bits`."""
     assert model is not None
     require_float(
         ctx,
