@@ -97,8 +97,8 @@ def test_static_options_stay_close(trained_cnn, digits, options) -> None:
     ref = _outputs(trained_cnn, digits.evaluation)
     out = _outputs(v.module, digits.evaluation, v.backend)
     agreement = (ref.argmax(1) == out.argmax(1)).float().mean().item()
-    # 0.96: symmetric activations waste half of the range on ReLU outputs, and without VNNI the
-    # x86 engine's are 7-bit (6 bits left: 96.8% on an AVX2 EPYC; 8-bit onednn with VNNI >= 97%)
+    # 0.96: symmetric activations waste half of the range on ReLU outputs (measured 96.8% on an
+    # AVX2 EPYC when x86's activations were 7-bit; 8-bit activations everywhere now)
     assert agreement >= 0.96, (options, agreement)
 
 
