@@ -8,16 +8,19 @@
    Sparsity, torchvision resnet18 (random init, synthetic 3x64x64 inputs, no labels): 50%
    unstructured and 2:4, distilled from the dense model; cosine on held-apart inputs.
 2. QAT, torchvision mobilenet_v2 (random init, BatchNorm statistics recalibrated, synthetic 3x32x32
-   inputs): post-training int8 (FX, onednn) against QAT (FX, distillation from float, no labels); the
+   inputs): post-training int8 (FX, the static engine) against QAT (FX, distillation from float, no
+   labels); the
    share of the cosine gap QAT closes, and its training time. And a mobilenet_v2 (width 0.5)
    trained on the digits, whose post-training int8 loses top-1 agreement: PTQ against QAT, FX
-   (onednn engine, 8-bit activations, and torch.ao's x86 engine, 7-bit) and PT2E, and FX with
+   (the static engine: onednn with VNNI, x86 without; and torch.ao's x86 engine, 7-bit weights) and
+   PT2E, and FX with
    per-tensor weights, with learned and with calibrated activation scales,
    3 and 20 epochs, and how close each int8 model is to the fake-quantized one QAT trained.
 3. Heads, timm vit_tiny_patch16_224 and torchvision vit_b_16 (random init, 64x64 inputs: 16
-   patches), 25% of heads and FFN channels pruned, the Linears after them refitted by least
-   squares, distilled at lr 1e-4; MACs, speed at batch 8 (interleaved rounds), cosine on
-   held-apart inputs without and with the refit and after distillation, ONNX export parity.
+   patches), 25% of heads pruned (the target), and 25% of heads and FFN channels, the Linears after
+   them refitted by least squares, distilled on a train split of fresh draws; MACs, speed at batch 8
+   (interleaved rounds), cosine on held-apart inputs without and with the refit and after
+   distillation, ONNX export parity.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Random-weight models (resnet18, mobilenet_v2, the ViTs) give nearly flat class scores, which the
 # softened KL barely moves: they are distilled on the scores themselves (what cosine measures).
 LOGITS_LOSS = "cosine"
+# Distillation's lr for a ViT of width 192 (vit_tiny), scaled down with width (Adam moves every
+# weight by about lr a step whatever its scale): on vit_b_16 (width 768), heads pruned and refitted
+# (cosine 0.889), 240 steps at 1e-4 reached 0.893, 120 at 1e-5 0.902 and 3e-5 0.901; on vit_tiny
+# (0.948), 240 steps at 1e-5 0.975, 3e-5 0.986, 1e-4 0.988
+VIT_LR = 1e-4
+VIT_LR_WIDTH = 192
 
 
 def digits_sparse(quick: bool) -> dict[str, Any]:
@@ -120,14 +129,21 @@ def mobilenet_qat(steps: int, quick: bool) -> dict[str, Any]:
         "steps": steps,
         "seconds": round(seconds, 1),
         "int8_vs_trained_cosine": qat.info["int8_vs_trained_cosine"],
+        "backend": qat.info["backend"],
+        "weight_bits": _bits(qat.info["weight_grid"]),
         "curve": qat.info["curve"],
     }
+
+
+def _bits(grid: list[int]) -> int:
+    """7 or 8: the weight grid a QAT variant's int8 kernels took (``info.weight_grid``)."""
+    return 7 if grid[1] - grid[0] < 200 else 8
 
 
 def digits_mobilenet_qat(quick: bool) -> dict[str, Any]:
     """A trained depthwise CNN whose post-training int8 loses top-1 agreement: PTQ against QAT
     (defaults: 3 epochs, distilled from float without labels), each mode (FX: eager int8 kernels
-    of the static engine, onednn with 8-bit activations on x86 CPUs; PT2E: what `mode: auto`
+    of the static engine, onednn with VNNI, x86 without; PT2E: what `mode: auto`
     builds), on the evaluation split."""
     from torchtame.data import DigitsData
     from torchtame.training import train
@@ -143,9 +159,9 @@ def digits_mobilenet_qat(quick: bool) -> dict[str, Any]:
     # depthwise layers' ranges differ most between channels, so post-training int8 loses most
     per_tensor = {"weight_granularity": "per_tensor"}
     # each row: (post-training int8 options, what QAT changes from its defaults: 3 epochs,
-    # activation scales learned from the calibrated ones). FX runs on the onednn engine by
-    # default (8-bit activations); the x86 rows use torch.ao's x86 engine, whose kernels need 7-bit
-    # activations, so post-training int8 loses more there. "calibrated ranges" rows keep the
+    # activation scales learned from the calibrated ones). FX runs on the static engine (onednn,
+    # 8-bit weights, on CPUs with VNNI; x86 without); the x86 rows use torch.ao's x86 engine, whose
+    # kernels need 7-bit weights on every CPU. "calibrated ranges" rows keep the
     # calibrated scales (`learn_ranges: false`), to show what learning them gives; the 20-epoch
     # rows use more of the 2 minutes of training the target allows, on mixed pairs of digits that
     # teacher and student both see (`mixup: 1.0`)
@@ -193,6 +209,8 @@ def digits_mobilenet_qat(quick: bool) -> dict[str, Any]:
             "gap_closed": round((qa - pa) / max(1e-9, 100 - pa), 3),
             "cosine_gap_closed": round((qc - pc) / max(1e-9, 1 - pc), 3),
             "int8_vs_trained_cosine": qat.info["int8_vs_trained_cosine"],
+            "backend": qat.info["backend"],
+            "weight_bits": _bits(qat.info["weight_grid"]),
             "epochs": options["epochs"],
             "learned_ranges": qat.info.get("learned_ranges"),
             "samples": len(x),
@@ -215,8 +233,15 @@ def _vit(which: str) -> nn.Module:
     return model
 
 
+# what is pruned: 25% of the heads of every attention layer (the target), and 25% of the heads and
+# FFN channels alike
+PRUNINGS = {"heads": {"ratio": 0, "head_ratio": 0.25}, "heads + FFN": {"ratio": 0.25}}
+
+
 def vit_heads(steps: int, quick: bool) -> dict[str, Any]:
-    data = synthetic([3, 64, 64], 32 if quick else 256, 16)
+    # a train split of fresh draws, one pass: distillation never trains on the batches the refit
+    # was fitted on and finetune's keep_best judges by (the calibration split)
+    data = synthetic([3, 64, 64], 32 if quick else 256, 16, train=16 * steps)
     held = torch.cat([x for x, _ in data.evaluation])
     out = {}
     models = (
@@ -224,33 +249,95 @@ def vit_heads(steps: int, quick: bool) -> dict[str, Any]:
     )
     for which in models:
         model = _vit(which)
-        raw = apply_pass(
-            "prune.structured", model, data, {"ratio": 0.25, "reconstruct": False}, task="classification"
-        )
-        pruned = apply_pass("prune.structured", model, data, {"ratio": 0.25}, task="classification")
-        train = {"loss": "distill", "steps": steps, "lr": 1e-4, "logits_loss": LOGITS_LOSS}  # after the refit
-        tuned = apply_pass("finetune", pruned, data, train, baseline=model, task="classification")
-        with tempfile.TemporaryDirectory() as tmp:
-            onnx = apply_pass("export.onnx", tuned.module, data, work_dir=Path(tmp))
-        x = held[:8]
-        p50 = interleaved_p50(
-            {"fp32": model, "pruned": tuned.module}, x, rounds=3, min_time_s=0.1 if quick else 1.0
-        )
         with torch.inference_mode():
             ref = model(held)
-            out[which] = {
-                "heads": next(iter(pruned.info["attention_heads"].values())),
-                "macs_fraction": pruned.info["macs_fraction"],
-                "cosine_no_refit": round(cosine(ref, raw.module(held)), 4),
-                "cosine_pruned": round(cosine(ref, pruned.module(held)), 4),
-                "refit_seconds": pruned.info["reconstruction"]["seconds"],
-                "cosine_distilled": round(cosine(ref, tuned.module(held)), 4),
-                "steps": steps,
-                "kept_epoch": tuned.info.get("kept_epoch"),
-                "speedup_b8": round(p50["fp32"] / p50["pruned"], 2),
-                "onnx_max_abs_error": onnx.info["parity"]["max_abs_error"],
-            }
+        for what, options in PRUNINGS.items():
+            out[f"{which}, {what}"] = _vit_row(model, ref, data, options, steps, quick)
     return out
+
+
+def _vit_row(
+    model: nn.Module, ref: torch.Tensor, data: Any, options: dict[str, Any], steps: int, quick: bool
+) -> dict[str, Any]:
+    """One pruning of one ViT: without and with the refit, then distilled; MACs, speed, ONNX."""
+    held = torch.cat([x for x, _ in data.evaluation])
+    raw = apply_pass(
+        "prune.structured", model, data, {**options, "reconstruct": False}, task="classification"
+    )
+    pruned = apply_pass("prune.structured", model, data, options, task="classification")
+    width = getattr(model, "embed_dim", None) or model.hidden_dim  # timm, torchvision
+    lr = VIT_LR * VIT_LR_WIDTH / width
+    train = {"loss": "distill", "steps": steps, "lr": lr, "logits_loss": LOGITS_LOSS}
+    t0 = time.perf_counter()
+    tuned = apply_pass("finetune", pruned, data, train, baseline=model, task="classification")
+    seconds = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx = apply_pass("export.onnx", tuned.module, data, work_dir=Path(tmp))
+    p50 = interleaved_p50(
+        {"fp32": model, "pruned": tuned.module}, held[:8], rounds=3, min_time_s=0.1 if quick else 1.0
+    )
+    with torch.inference_mode():
+        return {
+            "pruning": options,
+            "heads": next(iter(pruned.info["attention_heads"].values())),
+            "macs_fraction": pruned.info["macs_fraction"],
+            "cosine_no_refit": round(cosine(ref, raw.module(held)), 4),
+            "cosine_pruned": round(cosine(ref, pruned.module(held)), 4),
+            "refit_seconds": pruned.info["reconstruction"]["seconds"],
+            "cosine_distilled": round(cosine(ref, tuned.module(held)), 4),
+            "steps": steps,
+            "lr": lr,
+            "distill_seconds": round(seconds, 1),
+            "kept_epoch": tuned.info.get("kept_epoch"),
+            "speedup_b8": round(p50["fp32"] / p50["pruned"], 2),
+            "onnx_max_abs_error": onnx.info["parity"]["max_abs_error"],
+        }
+
+
+def _grid(row: dict[str, Any]) -> str:
+    return f", {row['weight_bits']}-bit weights" if "weight_bits" in row else ""
+
+
+def _engines(rows: dict[str, Any]) -> str:
+    """What the digits QAT rows' engines were on the machine that ran them (from the JSON)."""
+    fx, x86 = rows.get("fx", {}), rows.get("fx x86", {})
+    if "backend" not in fx:  # a run before rows recorded their engine (a CPU with VNNI)
+        return (
+            "fx: the onednn engine (the default on x86 CPUs, 8-bit activations); fx x86: torch.ao's x86 "
+            "engine (`backend: x86`, 7-bit activations), where post-training int8 loses more"
+        )
+    out = f"fx: the default static engine, {fx['backend']} on this machine{_grid(fx)}"
+    if x86:
+        out += f"; fx x86: torch.ao's x86 engine (`backend: x86`{_grid(x86)})"
+    return out + "; activations 8-bit"
+
+
+def _vit_name(key: str) -> str:
+    return key.split(", ")[0]
+
+
+def _pruned(key: str) -> str:
+    """What a heads row pruned (results before the heads-only rows: heads and FFN channels)."""
+    return key.split(", ", 1)[1] if ", " in key else "heads + FFN"
+
+
+def _heads_intro(h: dict[str, Any]) -> list[str]:
+    first = next(iter(h.values()))
+    if "lr" not in first:  # results before the heads-only rows and the train split
+        return [
+            "Heads (25% of heads and FFN channels pruned; the Linears after them refitted by least "
+            "squares on calibration batches (`reconstruct`); then distilled at lr 1e-4 on the "
+            "calibration inputs; 64x64 inputs, batch 8):"
+        ]
+    return [
+        "Heads (random init, 64x64 inputs, batch 8): 25% of the heads of every attention layer pruned "
+        "(heads; the target), or 25% of heads and FFN channels alike (heads + FFN); the Linears after "
+        "them refitted by least squares on calibration batches (`reconstruct`); then distilled from "
+        f"the unpruned model for {first['steps']} steps on a train split of fresh draws at lr "
+        + ", ".join(sorted({f"{v['lr']:g} ({_vit_name(k)})" for k, v in h.items()}))
+        + " (1e-4 at width 192, scaled down with the width: Adam moves every weight by about lr a "
+        "step), one pass; cosine on held-apart inputs:"
+    ]
 
 
 def _mb(v: int | None) -> str:
@@ -338,8 +425,8 @@ def render(data: dict[str, Any]) -> list[str]:
     ]
     lines += [
         "",
-        "QAT, mobilenet_v2 (random init, synthetic 3x32x32): post-training int8 (FX, onednn) cosine "
-        f"{q['ptq_cosine']:.4f}; "
+        "QAT, mobilenet_v2 (random init, synthetic 3x32x32): post-training int8 "
+        f"(FX, {q.get('backend', 'onednn')}{_grid(q)}) cosine {q['ptq_cosine']:.4f}; "
         f"QAT (FX, {q['steps']} steps distilled from float on a train split of fresh draws, no labels, "
         f"{q['seconds']:.0f} s) {q['qat_cosine']:.4f}: {q['gap_closed']:.0%} of the gap to 1 closed"
         + _int8_vs_trained(q),
@@ -349,9 +436,7 @@ def render(data: dict[str, Any]) -> list[str]:
         "learned from the calibrated ones at range_lr 1e-2) unless the row says otherwise; calibrated "
         "ranges: `learn_ranges: false`; the 20-epoch rows train at lr 3e-5 on mixed pairs of digits that "
         "teacher and student both see (`mixup: 1.0`); s: the whole QAT pass, calibration and conversion "
-        "included; scales: learned over calibrated activation scale, median [min, max]; fx: the onednn "
-        "engine (the default on x86 CPUs, 8-bit activations); fx x86: torch.ao's x86 engine (`backend: "
-        "x86`, 7-bit activations), where post-training int8 loses more:",
+        "included; scales: learned over calibrated activation scale, median [min, max]; " + _engines(g) + ":",
         "",
         "| mode | epochs | PTQ agreement % | QAT agreement % | PTQ cosine | QAT cosine "
         "| agreement gap closed | cosine gap closed | int8 vs trained | scales | s |",
@@ -367,21 +452,21 @@ def render(data: dict[str, Any]) -> list[str]:
     ]
     lines += [
         "",
-        "Heads (25% of heads and FFN channels pruned; the Linears after them refitted by least "
-        "squares on calibration batches (`reconstruct`); then distilled at lr 1e-4 on the "
-        "calibration inputs; 64x64 inputs, batch 8):",
+        *_heads_intro(h),
         "",
-        "| model | heads per block | MACs left | speed-up b8 | cosine pruned, no refit "
+        "| model | pruned | heads per block | MACs left | speed-up b8 | cosine pruned, no refit "
         "| cosine pruned + refit | refit s | cosine distilled | ONNX max abs err |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {k} | {v['heads'][0]} -> {v['heads'][1]} | {v['macs_fraction']:.0%} | {v['speedup_b8']:.2f}x | "
-        f"{v.get('cosine_no_refit', float('nan')):.4f} | {v['cosine_pruned']:.4f} | "
-        f"{v.get('refit_seconds', float('nan')):.0f} | {v['cosine_distilled']:.4f} | "
-        f"{v['onnx_max_abs_error']:.1e} |"
+        f"| {_vit_name(k)} | {_pruned(k)} | {v['heads'][0]} -> {v['heads'][1]} | {v['macs_fraction']:.0%} "
+        f"| {v['speedup_b8']:.2f}x | {v.get('cosine_no_refit', float('nan')):.4f} "
+        f"| {v['cosine_pruned']:.4f} | {v.get('refit_seconds', float('nan')):.0f} "
+        f"| {v['cosine_distilled']:.4f} | {v['onnx_max_abs_error']:.1e} |"
         for k, v in h.items()
     ]
+    # the target's rows: heads only (results before that row pruned heads and FFN channels alike)
+    target = {k: v for k, v in h.items() if _pruned(k) == "heads"} or h
     rows = {row["variant"]: row for row in d["rows"]}
     top = rows["baseline"]["top1"]
     int8 = rows.get("sparse50-int8", {})
@@ -420,9 +505,13 @@ def render(data: dict[str, Any]) -> list[str]:
             else f"NOT met (agreement counts where at least {MIN_SAMPLES_MOVED} samples separate PTQ and QAT)"
         ),
         "- ViTs, head-pruned 25%: cosine >= 0.95 after distillation: "
-        + ", ".join(f"{k} {v['cosine_distilled']:.4f}" for k, v in h.items())
+        + ", ".join(f"{_vit_name(k)} {v['cosine_distilled']:.4f}" for k, v in target.items())
         + " -> "
-        + ("met" if all(v["cosine_distilled"] >= 0.95 for v in h.values()) else "NOT met (random weights)"),
+        + (
+            "met"
+            if all(v["cosine_distilled"] >= 0.95 for v in target.values())
+            else "NOT met (random weights)"
+        ),
     ]
     return lines
 
