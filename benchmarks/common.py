@@ -311,6 +311,14 @@ def _recovery_figures(results: Path) -> list[str]:
                     else "."
                 )
             )
+    if (results / "recovery_cost.json").is_file():
+        rows = _load(results, "recovery_cost")["rows"]
+        worst = max(rows[1:], key=lambda r: r["pass_s"])
+        lines.append(
+            "- `recovery_cost.py` (`results/recovery_cost.json`): on resnet18 at 224x224 (2 cores) the "
+            f"costliest recovery option, {worst['option']}, adds {worst['pass_s'] - rows[0]['pass_s']:.0f} s "
+            f"to the {rows[0]['pass_s']:.0f} s static int8 pass."
+        )
     if (results / "transformer_int8.json").is_file():
         t = _load(results, "transformer_int8")
         p50, row = t["p50_ms"], t["rows"]["int8 pt2e"]

@@ -252,6 +252,8 @@ def vit_heads(steps: int, quick: bool) -> dict[str, Any]:
         with torch.inference_mode():
             ref = model(held)
         for what, options in PRUNINGS.items():
+            if quick and what != "heads":
+                continue
             out[f"{which}, {what}"] = _vit_row(model, ref, data, options, steps, quick)
     return out
 

@@ -28,6 +28,7 @@ SECTIONS = {
     "recovery": "recovery",
     "transformer_int8": "transformer_int8",
     "auto_vs_search": "auto_vs_search",
+    "recovery_cost": "recovery_cost",
 }
 
 
