@@ -154,8 +154,13 @@ def test_fx_qat_clips_activations_where_the_int8_kernels_clip(trained_cnn, digit
         ]
         assert acts and all(m.quant_max == 255 for m in acts if m.dtype == torch.quint8)
         trained = prepared(x)
-        converted = _convert(prepared, "fx")(x)
+        int8 = _convert(prepared, "fx")
+        converted = int8(x)
     assert nn.functional.cosine_similarity(trained, converted).mean().item() > 0.9999
+    # the stored integers are on the grid QAT trained on: conversion alone stores each channel's
+    # positive extreme (63.5 steps) as 64, where the fake-quantizers clamped it to 63
+    stored = [m.weight().int_repr() for m in int8.modules() if callable(getattr(m, "weight", None))]
+    assert stored and all(w.min() >= -64 and w.max() <= 63 for w in stored)
 
 
 @pytest.mark.parametrize("mode", ["fx", "pt2e"])

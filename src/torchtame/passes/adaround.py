@@ -145,13 +145,11 @@ def round_layer(layer: nn.Module, x: torch.Tensor, iterations: int, seed: int = 
     warm = int(0.2 * iterations)
     with torch.no_grad():
         nearest = rounded(w) * s
+        targets = _layer_output(layer, x, w)  # once, not once per iteration: a quarter of the work
     for it in range(iterations):
         idx = torch.randint(0, x.shape[0], (min(rows, x.shape[0]),), generator=gen)
-        xb = x[idx]
-        with torch.no_grad():
-            target = _layer_output(layer, xb, w)
         soft = s * torch.clamp(floor + _h(v), low, high)
-        loss = nn.functional.mse_loss(_layer_output(layer, xb, soft), target)
+        loss = nn.functional.mse_loss(_layer_output(layer, x[idx], soft), targets[idx])
         if it >= warm:
             beta = 20 + (2 - 20) * (it - warm) / max(1, iterations - warm)
             loss = loss + _REG * (1 - (2 * _h(v) - 1).abs().pow(beta)).sum() / v.numel()
@@ -167,7 +165,7 @@ def round_layer(layer: nn.Module, x: torch.Tensor, iterations: int, seed: int = 
         flat_new.scatter_(1, top, flat_w.gather(1, top))
         new = flat_new.reshape(w.shape)
         xb = x[: min(x.shape[0], 4 * rows)]
-        ref = _layer_output(layer, xb, w)
+        ref = targets[: xb.shape[0]]
         err_nearest = nn.functional.mse_loss(_layer_output(layer, xb, nearest), ref).item()
         err_ada = nn.functional.mse_loss(_layer_output(layer, xb, new), ref).item()
         flipped = (torch.round(w / s) != torch.round(new / s)).float().mean().item()

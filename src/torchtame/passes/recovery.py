@@ -882,8 +882,8 @@ class RecoveryOptions(Strict):
         100,
         ge=10,
         le=20000,
-        description="AdaRound: optimisation steps per layer (time grows linearly: resnet18 at 224x224, "
-        "80 calibration images, 2 cores: 100 steps 82 s, 200 steps 146 s).",
+        description="AdaRound: optimisation steps per layer (time grows linearly with it; "
+        "benchmarks/recovery_cost.py times 100 and 200 on resnet18 at 224x224).",
     )
 
     def per_channel_weights(self) -> bool:
