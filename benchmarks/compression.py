@@ -456,13 +456,16 @@ def render(data: dict[str, Any]) -> list[str]:
         "",
         *_heads_intro(h),
         "",
-        "| model | pruned | heads per block | MACs left | speed-up b8 | cosine pruned, no refit "
-        "| cosine pruned + refit | refit s | cosine distilled | ONNX max abs err |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    both = any("pruning" in v for v in h.values())  # runs before the heads-only rows had no column
+    lines += [
+        "| model |" + (" pruned |" if both else "") + " heads per block | MACs left | speed-up b8 "
+        "| cosine pruned, no refit | cosine pruned + refit | refit s | cosine distilled | ONNX max abs err |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if both else ""),
     ]
     lines += [
-        f"| {_vit_name(k)} | {_pruned(k)} | {v['heads'][0]} -> {v['heads'][1]} | {v['macs_fraction']:.0%} "
-        f"| {v['speedup_b8']:.2f}x | {v.get('cosine_no_refit', float('nan')):.4f} "
+        f"| {_vit_name(k)} |" + (f" {_pruned(k)} |" if both else "") + f" {v['heads'][0]} -> {v['heads'][1]} "
+        f"| {v['macs_fraction']:.0%} | {v['speedup_b8']:.2f}x | {v.get('cosine_no_refit', float('nan')):.4f} "
         f"| {v['cosine_pruned']:.4f} | {v.get('refit_seconds', float('nan')):.0f} "
         f"| {v['cosine_distilled']:.4f} | {v['onnx_max_abs_error']:.1e} |"
         for k, v in h.items()
