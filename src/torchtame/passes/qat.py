@@ -579,7 +579,9 @@ def _convert(prepared: nn.Module, mode: str) -> nn.Module:
     grids = {(m.quant_min, m.quant_max) for m in fake}
     converted = convert_fx(prepared)  # type: ignore[arg-type]
     if len(grids) == 1:  # the pass sets one weight fake-quantizer config for every layer
-        clamp_int8_weights(converted, *grids.pop())
+        low, high = grids.pop()
+        clamped = clamp_int8_weights(converted, low, high)
+        log.debug("quantize.qat: %d converted int8 weights clamped to %d..%d", clamped, low, high)
     return converted
 
 
