@@ -248,7 +248,11 @@ def _trial_text(trials: list[dict[str, Any]]) -> str:
         name = " + ".join(t["algorithms"]) or "none"
         if t.get("float_layers"):
             name += f" ({len(t['float_layers'])} float)"
-        parts.append(f"{name} {t['cosine']:.4f}" if "cosine" in t else f"{name} failed")
+        parts.append(
+            f"{name} {t['cosine']:.4f}"
+            if "cosine" in t
+            else f"{name} {'not needed' if 'skipped' in t else 'failed'}"
+        )
     return "; ".join(parts)
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from torchtame import PassError, apply_pass, load_data
 from torchtame.data import SyntheticData
-from torchtame.passes import recovery
+from torchtame.passes import adaround, recovery
 from torchtame.training import recalibrate_batchnorm
 
 
@@ -189,6 +189,47 @@ def test_adaround_learns_better_roundings_through_padding_subclasses() -> None:
     assert cos[1] > cos[0] + 0.003, cos  # on inputs it never saw
 
 
+@pytest.mark.parametrize(
+    "layer",
+    [
+        nn.Conv2d(6, 8, 3, stride=2, padding=2, dilation=2, groups=2),
+        nn.Conv2d(4, 4, 3, padding=1, groups=4),  # depthwise
+        nn.Conv2d(3, 5, (1, 3), padding=(0, 1)),
+        nn.Linear(12, 7),
+    ],
+    ids=["grouped-strided-dilated", "depthwise", "asymmetric", "linear"],
+)
+def test_adaround_exact_objective_is_the_sampled_one_on_every_input(layer: nn.Module) -> None:
+    """Where AdaRound optimises the output error through the input patches' second moments instead
+    of sampling inputs, that error equals the layer's own output error on all of them."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 10, 12) if isinstance(layer, nn.Linear) else torch.randn(5, layer.in_channels, 9, 11)
+    x = x.reshape(-1, 12) if isinstance(layer, nn.Linear) else x
+    d = (0.1 * torch.randn_like(layer.weight)).requires_grad_(True)
+    with torch.no_grad():
+        ref = layer(x)
+    shifted = torch.func.functional_call(layer, {"weight": layer.weight.detach() + d}, (x,))
+    expected = nn.functional.mse_loss(shifted, ref)
+    (grad,) = torch.autograd.grad(expected, d)
+    gen = torch.Generator()
+    # exact where that is cheaper (many steps), sampled where not (one input per step, one step)
+    for rows, steps, kind in [(8, 10**6, "exact"), (1, 1, "sampled")]:
+        found = adaround._objective(layer, x, ref, rows=rows, iterations=steps, gen=gen)
+        assert found[0] == kind
+        got = found[1](d)
+        if kind == "exact":
+            assert torch.allclose(got, expected, rtol=1e-4)
+            assert torch.allclose(torch.autograd.grad(got, d)[0], grad, rtol=1e-3, atol=1e-7)
+        else:  # patches drawn with replacement: an unbiased estimate of the same error
+            mean = torch.stack([found[1](d) for _ in range(2000)]).mean()
+            assert torch.allclose(mean, expected, rtol=0.1), (mean, expected)
+    # a subclass's forward may pad or reshape: always sampled through it
+    padded = copy.copy(layer)
+    padded.__class__ = type("Padded", (type(layer),), {})
+    kind, through = adaround._objective(padded, x, ref, 8, 10**6, gen)
+    assert kind == "forward" and torch.allclose(through(torch.zeros_like(d)), torch.tensor(0.0))
+
+
 @pytest.mark.parametrize("vnni", [True, False])
 def test_adaround_integers_are_what_the_back_ends_store(
     trained_cnn, digits, tmp_path, monkeypatch, vnni
@@ -269,6 +310,9 @@ def test_static_int8_recovery_auto_never_keeps_worse() -> None:
     fine = apply_pass("quantize.static", model, data, {**options, "float_target": 0.5})
     assert fine.info["recovery"]["float_stage"].startswith("not needed: cosine")
     assert not [t for t in fine.info["recovery"]["trials"] if t["stage"] == 3]
+    # AdaRound (minutes where the others take seconds) is tried only below float_target
+    [skipped] = [t for t in fine.info["recovery"]["trials"] if "adaround" in t["algorithms"]]
+    assert skipped["skipped"].startswith("not needed: best so far cosine") and "cosine" not in skipped
 
 
 def test_sensitive_float_keeps_the_layer_whose_int8_costs_most_float(trained_cnn, digits) -> None:
@@ -360,9 +404,12 @@ def test_onnx_auto_exports_once_and_keeps_the_chosen_file(trained_cnn, digits, t
     from torchtame.onnx_runtime import run_session, session
     from torchtame.passes.onnx_quant import _Template
 
-    options = {"recovery": "auto", "adaround_iterations": 10}
+    # float_target 1: every candidate tried, AdaRound's too (it is skipped once the best so far is
+    # as faithful as float_target asks)
+    options = {"recovery": "auto", "adaround_iterations": 10, "float_target": 1.0}
     v = apply_pass("quantize.onnx", trained_cnn, digits, options, task="classification")
     rec = v.info["recovery"]
+    assert any("adaround" in t["algorithms"] and "cosine" in t for t in rec["trials"])
     assert rec["exports"] == {"exported": 1, "reused": len(rec["trials"]), "batchnorms_folded": 3}
     held = [x for x, _ in digits.calibration][:4]
     ref = torch.cat([trained_cnn(x) for x in held]).detach()

@@ -841,7 +841,8 @@ class RecoveryOptions(Strict):
         "none",
         description="Accuracy recovery applied to the float model before quantizing: a list of "
         "range_search, weighted_ops_only, equalization, bias_correction, smoothquant, adaround, "
-        "sensitive_float; `auto` tries each that applies alone, then combinations of those that helped "
+        "sensitive_float; `auto` tries each that applies alone (adaround, the costliest, only while the "
+        "best so far falls short of `float_target`), then combinations of those that helped "
         "alone, and keeps the best on held calibration batches where it beats none by more than noise; "
         "then, only while that best falls short of `float_target`, the most sensitive layers float, one "
         "more at a time up to `float_layers`; `none`.",
@@ -857,8 +858,8 @@ class RecoveryOptions(Strict):
         0.995,
         gt=0,
         le=1,
-        description="`auto` keeps sensitive layers float only while its best int8 model's cosine to float "
-        "on the held calibration batches is below this.",
+        description="`auto` tries AdaRound and keeps sensitive layers float only while its best int8 "
+        "model's cosine to float on the held calibration batches is below this.",
     )
     smoothquant_alpha: float = Field(0.5, ge=0, le=1, description="SmoothQuant's migration strength.")
     bias_correction_form: Literal["empirical", "analytic"] = Field(
@@ -1034,7 +1035,7 @@ def _float_stage(
         return "not tried: float_layers is 0"
     judged, combo, m, _ = best()
     if judged.cosine >= opts.float_target:
-        return f"not needed: cosine {judged.cosine:.5f} >= float_target {opts.float_target}"
+        return "not needed: " + _enough(judged, opts)
     t0 = time.perf_counter()
     ranked = rank(m)
     note = f"tried on top of {combo or 'none'} (ranking {time.perf_counter() - t0:.1f} s)"
@@ -1043,6 +1044,10 @@ def _float_stage(
         if best()[0].cosine >= opts.float_target:
             break
     return note
+
+
+def _enough(judged: Judgement, opts: RecoveryOptions) -> str:
+    return f"cosine {judged.cosine:.5f} >= float_target {opts.float_target}"
 
 
 def choose(
@@ -1096,6 +1101,16 @@ def choose(
 
     single = units(model, example, opts.per_channel_weights(), opts.quantizes_onnx())
     for combo in [[], *single]:
+        if "adaround" in combo and best is not None and best[0].cosine >= opts.float_target:
+            # the costliest change (minutes where the others take seconds) only where it may matter
+            trials.append(
+                {
+                    "algorithms": combo,
+                    "stage": 1,
+                    "skipped": "not needed: best so far " + _enough(best[0], opts),
+                }
+            )
+            continue
         trial(combo, 1)
     for combo in combinations(winners, [t["algorithms"] for t in trials]):
         trial(combo, 2)
