@@ -1101,17 +1101,12 @@ def choose(
 
     single = units(model, example, opts.per_channel_weights(), opts.quantizes_onnx())
     for combo in [[], *single]:
+        # the costliest change (minutes where the others take seconds) only where it may matter
         if "adaround" in combo and best is not None and best[0].cosine >= opts.float_target:
-            # the costliest change (minutes where the others take seconds) only where it may matter
-            trials.append(
-                {
-                    "algorithms": combo,
-                    "stage": 1,
-                    "skipped": "not needed: best so far " + _enough(best[0], opts),
-                }
-            )
-            continue
-        trial(combo, 1)
+            why = "not needed: best so far " + _enough(best[0], opts)
+            trials.append({"algorithms": combo, "stage": 1, "skipped": why})
+        else:
+            trial(combo, 1)
     for combo in combinations(winners, [t["algorithms"] for t in trials]):
         trial(combo, 2)
     if best is None:
