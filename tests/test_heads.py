@@ -93,3 +93,66 @@ def test_torchvision_vit_heads_are_pruned_and_distillation_recovers(tmp_path) ->
     assert cosine(tuned.module) > before + 0.03, (before, cosine(tuned.module))
     onnx = apply_pass("export.onnx", tuned.module, data, work_dir=tmp_path)
     assert onnx.info["parity"]["max_abs_error"] < 1e-3
+
+
+def _attention_error(student: nn.Module, teacher: nn.Module, names: list[str], x: torch.Tensor) -> float:
+    """Mean normalised MSE of the named modules' outputs, student against teacher."""
+    from torchtame.training import _outputs_of, intermediate_loss
+
+    with torch.no_grad(), _outputs_of(student, names) as s, _outputs_of(teacher, names) as t:
+        student(x), teacher(x)
+        return intermediate_loss(s, t).item()
+
+
+def test_distillation_can_match_attention_outputs_after_head_pruning() -> None:
+    """`intermediate: attention` finds timm's and torchvision's attention modules (the split
+    MultiheadAttention of a pruned torchvision ViT under the same name) and teaches each pruned one
+    what the full one computed: its outputs come closer than logits-only distillation brings them."""
+    import timm
+    import torchvision
+
+    from torchtame.training import intermediate_modules
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_small_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10)
+    vit = vit.eval()
+    data = _images(64)
+    pruned = apply_pass(
+        "prune.structured", vit, data, {"ratio": 0.0, "head_ratio": 0.25, "reconstruct": False}
+    )
+    names = intermediate_modules(vit, pruned.module, "attention")
+    assert names == ["blocks.0.attn", "blocks.1.attn"]
+    tv = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=12, hidden_dim=192, mlp_dim=384
+    ).eval()
+    split = apply_pass("prune.structured", tv, data, {"ratio": 0.0, "head_ratio": 0.25}).module
+    assert intermediate_modules(tv, split, "attention") == [
+        f"encoder.layers.encoder_layer_{i}.self_attention" for i in (0, 1)
+    ]
+    x = torch.cat([b for b, _ in data.evaluation])
+    train = {"loss": "distill", "steps": 30, "lr": 1e-3, "logits_loss": "cosine"}
+    errors = {"before": _attention_error(pruned.module, vit, names, x)}
+    for which in ("none", "attention"):
+        tuned = apply_pass("finetune", pruned.module, data, {**train, "intermediate": which}, baseline=vit)
+        errors[which] = _attention_error(tuned.module, vit, names, x)
+    assert errors["attention"] < 0.6 * errors["none"] and errors["attention"] < 0.9 * errors["before"], errors
+
+
+def test_intermediate_distillation_refuses_what_it_cannot_match() -> None:
+    import timm
+
+    from torchtame.errors import DataError
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_small_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=10)
+    vit = vit.eval()
+    data = _images(32)
+    pruned = apply_pass("prune.structured", vit, data, {"ratio": 0.25, "reconstruct": False}).module
+    train = {"loss": "distill", "steps": 2}
+    with pytest.raises(ValueError, match="set `loss: distill`"):
+        apply_pass("finetune", pruned, data, {"intermediate": "attention", "steps": 2}, baseline=vit)
+    with pytest.raises(DataError, match=r"does not have: blocks\.7\.attn"):
+        apply_pass("finetune", pruned, data, {**train, "intermediate": ["blocks.7.attn"]}, baseline=vit)
+    # the FFN's hidden width was pruned: its outputs cannot be compared
+    with pytest.raises(DataError, match=r"module blocks.0.mlp.fc1 gives shape .* in the model being trained"):
+        apply_pass("finetune", pruned, data, {**train, "intermediate": ["blocks.0.mlp.fc1"]}, baseline=vit)

@@ -50,6 +50,15 @@ class TrainOptions(Strict):
         "`temperature`), or cosine / mse on the scores themselves (what fidelity measures; it keeps "
         "learning where the teacher's scores are nearly flat, as in untrained or random-weight models).",
     )
+    intermediate: Literal["none", "attention"] | list[str] = Field(
+        "none",
+        description="distill: also match the teacher's outputs of intermediate modules (MSE normalised by "
+        "the teacher's mean square, averaged over the modules, weighted by `intermediate_weight`): "
+        "`attention` (every outermost attention module: nn.MultiheadAttention and classes named "
+        "*Attention, as timm's and transformers' are), or a list of module names both models have. "
+        "After head pruning it tells each pruned attention what the full one computed.",
+    )
+    intermediate_weight: float = Field(1.0, gt=0, le=100, description="distill: weight of `intermediate`.")
     mixup: float = Field(
         0.0,
         ge=0,
@@ -64,6 +73,11 @@ class TrainOptions(Strict):
     def _steps_or_epochs(self) -> TrainOptions:
         if self.steps is not None:
             self.epochs = None
+        if self.intermediate != "none" and self.loss != "distill":
+            raise ValueError(
+                "`intermediate` matches the teacher's intermediate outputs, which only distillation has: "
+                "set `loss: distill`, or drop `intermediate`"
+            )
         return self
 
 

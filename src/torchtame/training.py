@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,8 @@ class Distill:
     features: bool = False  # the output is an embedding or hidden states, not class scores
     feature_loss: str = "cosine"
     logits_loss: str = "kl"  # class scores: kl (softened), or cosine / mse on the scores themselves
+    intermediate: str | tuple[str, ...] = "none"  # modules whose outputs are matched too
+    intermediate_weight: float = 1.0
 
     def loss(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         if self.features or self.logits_loss != "kl":
@@ -234,6 +237,9 @@ class _Objective:
         self.teacher = distill.teacher if distill is not None else None
         self.with_labels = use_labels and (distill is None or distill.alpha > 0)
         self.ce = nn.CrossEntropyLoss()
+        self.inner = (
+            intermediate_modules(distill.teacher, model, distill.intermediate) if distill is not None else []
+        )
 
     def _ce(self, out: torch.Tensor, y: torch.Tensor, perm: torch.Tensor | None, lam: float) -> torch.Tensor:
         if perm is None:
@@ -249,14 +255,17 @@ class _Objective:
         perm, lam = None, 1.0
         if self.mixup is not None:
             x, perm, lam = self.mixup(x)
-        out = select_output(call(self.model, x), self.output)
+        with _outputs_of(self.model, self.inner) as inner:
+            out = select_output(call(self.model, x), self.output)
         if self.distill is None:
             loss = self._ce(out, y, perm, lam)
         else:
             assert self.teacher is not None
-            with torch.no_grad():
+            with torch.no_grad(), _outputs_of(self.teacher, self.inner) as taught:
                 target = select_output(call(self.teacher, x), self.output)
             loss = self.distill.loss(out, target)
+            if self.inner:
+                loss = loss + self.distill.intermediate_weight * intermediate_loss(inner, taught)
             if self.with_labels:
                 loss = self.distill.alpha * self._ce(out, y, perm, lam) + (1 - self.distill.alpha) * loss
         if not torch.isfinite(loss):
@@ -273,7 +282,85 @@ def distill_from_options(opts: TrainOptions, teacher: nn.Module | None, features
         return None
     if teacher is None:
         raise DataError("`loss: distill` needs a teacher model", hint="distill from the baseline")
-    return Distill(teacher, opts.temperature, opts.alpha, features, opts.feature_loss, opts.logits_loss)
+    which = opts.intermediate if isinstance(opts.intermediate, str) else tuple(opts.intermediate)
+    return Distill(
+        teacher,
+        opts.temperature,
+        opts.alpha,
+        features,
+        opts.feature_loss,
+        opts.logits_loss,
+        which,
+        opts.intermediate_weight,
+    )
+
+
+def intermediate_modules(teacher: nn.Module, student: nn.Module, which: str | tuple[str, ...]) -> list[str]:
+    """The modules whose outputs distillation matches (``Distill.intermediate``), checked to be in
+    both models."""
+    if which == "none":
+        return []
+    if which == "attention":
+        names: list[str] = []
+        for n, m in teacher.named_modules():
+            attention = isinstance(m, nn.MultiheadAttention) or type(m).__name__.endswith("Attention")
+            if attention and not any(n.startswith(p + ".") for p in names):
+                names.append(n)
+        if not names:
+            raise DataError(
+                "`intermediate: attention` found no attention module in the teacher (nn.MultiheadAttention "
+                "or a class named *Attention)",
+                hint="name the modules to match: `intermediate: [blocks.0.attn, ...]`",
+            )
+    else:
+        names = list(which)
+    for model, role in ((teacher, "teacher"), (student, "model being trained")):
+        have = dict(model.named_modules())
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise DataError(
+                f"`intermediate` names module(s) the {role} does not have: {', '.join(missing[:5])}",
+                hint="name modules both models have (print(model) lists them; exported or traced graphs "
+                "keep no submodules: use `intermediate: none` there)",
+            )
+    return names
+
+
+@contextlib.contextmanager
+def _outputs_of(model: nn.Module, names: list[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """The (first tensor of the) output of each named module in the forward passes run inside."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def grab(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            seen[name] = output[0] if isinstance(output, (tuple, list)) else output
+
+        return hook
+
+    handles = [model.get_submodule(n).register_forward_hook(grab(n)) for n in names]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def intermediate_loss(student: dict[str, torch.Tensor], teacher: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean over the modules of the MSE of the student's output, normalised by the teacher's mean square."""
+    losses = []
+    for name, t in teacher.items():
+        s = student.get(name)
+        if s is None or s.shape != t.shape:
+            got = "no output" if s is None else f"shape {tuple(s.shape)}"
+            raise DataError(
+                f"`intermediate`: module {name} gives {got} in the model being trained and shape "
+                f"{tuple(t.shape)} in the teacher",
+                hint="match modules whose output shape the optimization keeps (attention outputs keep the "
+                "embedding width when only heads are pruned), or `intermediate: none`",
+            )
+        t = t.float()
+        losses.append(nn.functional.mse_loss(s.float(), t) / t.pow(2).mean().clamp_min(1e-12))
+    return torch.stack(losses).mean()
 
 
 def held_out_loss(
