@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 
 import pytest
 import torch
@@ -267,6 +268,18 @@ def test_adaround_integers_are_what_the_back_ends_store(
         assert "expected_integers" not in rec  # tensors never reach results.json
     with pytest.raises(Exception, match="per-channel symmetric int8 grid"):
         apply_pass("quantize.static", trained_cnn, digits, {**options, "weight_granularity": "per_tensor"})
+
+
+def test_adaround_check_leaves_out_layers_kept_float(trained_cnn, digits, caplog) -> None:
+    """Layers sensitive_float keeps float store no integers: the check names them instead of
+    warning that the back end stored different ones (it did for every mobilenetv3 float layer)."""
+    options = {"recovery": ["adaround", "sensitive_float"], "float_layers": 2, "adaround_iterations": 10}
+    with caplog.at_level(logging.WARNING):
+        v = apply_pass("quantize.static", trained_cnn, digits, {**options, "mode": "pt2e"})
+    check = v.info["recovery"]["applied"][0]["backend_check"]
+    assert len(v.info["kept_float"]) == 2 and check["kept_float"] == sorted(v.info["kept_float"])
+    assert check["layers_verified"] == "3/3" and check["not_matched"] == []
+    assert "stored different integers" not in caplog.text
 
 
 def test_static_int8_recovery_auto_never_keeps_worse() -> None:

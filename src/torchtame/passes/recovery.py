@@ -1231,12 +1231,18 @@ def record_ranges(info: dict[str, Any], found: dict[str, Any] | None) -> None:
 
 def verify_rounding(info: dict[str, Any] | None, found: list[torch.Tensor]) -> None:
     """Replace AdaRound's expected integers in ``info`` (``info.recovery``) by the check that the
-    back end stored them (``found``: the converted model's int8 weight tensors); logs a mismatch."""
-    for rec in (info or {}).get("applied", []):
+    back end stored them (``found``: the converted model's int8 weight tensors); logs a mismatch.
+    Layers ``sensitive_float`` kept float store no integers: they are named, not checked."""
+    applied = (info or {}).get("applied", [])
+    kept = {n for rec in applied if rec["algorithm"] == "sensitive_float" for n in rec.get("layers", [])}
+    for rec in applied:
         expected = rec.pop("expected_integers", None)
         if expected is None:
             continue
-        rec["backend_check"] = check = check_integers(expected, found)
+        checked = {n: ints for n, ints in expected.items() if n not in kept}
+        rec["backend_check"] = check = check_integers(checked, found)
+        if kept & set(expected):
+            check["kept_float"] = sorted(kept & set(expected))
         done, total = check["layers_verified"].split("/")
         if done != total:
             log.warning(
