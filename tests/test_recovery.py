@@ -270,15 +270,33 @@ def test_adaround_integers_are_what_the_back_ends_store(
         apply_pass("quantize.static", trained_cnn, digits, {**options, "weight_granularity": "per_tensor"})
 
 
-def test_adaround_check_leaves_out_layers_kept_float(trained_cnn, digits, caplog) -> None:
-    """Layers sensitive_float keeps float store no integers: the check names them instead of
-    warning that the back end stored different ones (it did for every mobilenetv3 float layer)."""
+def test_layers_kept_float_are_neither_rounded_nor_bias_corrected(trained_cnn, digits, caplog) -> None:
+    """sensitive_float chooses first: the layers it keeps stay exactly float (AdaRound once wrote
+    its integers into them, so a "float" layer kept its rounding error, and the back-end check
+    warned that they stored other integers), and AdaRound fits the others around them."""
+    batches = [x for x, _ in itertools.islice(digits.calibration, 2)]
+    example = digits.example_input(8)
+    folded = copy.deepcopy(trained_cnn)
+    recovery.fold_batchnorms(folded, example)
+    model = copy.deepcopy(trained_cnn)
+    opts = recovery.RecoveryOptions(float_layers=2, adaround_iterations=10)
+    records = recovery.apply(
+        model, ["adaround", "bias_correction", "sensitive_float"], example, batches, opts
+    )
+    assert [r["algorithm"] for r in records] == ["adaround", "bias_correction", "sensitive_float"]
+    kept = recovery.kept_float(model)
+    assert (
+        len(kept) == 2 and records[0]["applied"] == 3 and not set(kept) & set(records[0]["expected_integers"])
+    )
+    for name in kept:
+        for key, value in model.get_submodule(name).state_dict().items():
+            assert torch.equal(value, folded.get_submodule(name).state_dict()[key]), (name, key)
+    rounded = next(n for n in records[0]["expected_integers"])
+    assert not torch.equal(model.get_submodule(rounded).weight, folded.get_submodule(rounded).weight)
     options = {"recovery": ["adaround", "sensitive_float"], "float_layers": 2, "adaround_iterations": 10}
     with caplog.at_level(logging.WARNING):
         v = apply_pass("quantize.static", trained_cnn, digits, {**options, "mode": "pt2e"})
-    check = v.info["recovery"]["applied"][0]["backend_check"]
-    assert len(v.info["kept_float"]) == 2 and check["kept_float"] == sorted(v.info["kept_float"])
-    assert check["layers_verified"] == "3/3" and check["not_matched"] == []
+    assert v.info["recovery"]["applied"][0]["backend_check"] == {"layers_verified": "3/3", "not_matched": []}
     assert "stored different integers" not in caplog.text
 
 

@@ -81,6 +81,7 @@ AT_QUANTIZATION = {
     "weighted_ops_only": "quantization",
     "sensitive_float": "quantization",
 }
+PRESERVING = ("smoothquant", "equalization")  # change float weights, keep the float function
 KEEP_FLOAT = "torchtame_keep_float"  # the float model's attribute: layers sensitive_float keeps float
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Linear)
 SCALE_EQUIVARIANT = (nn.ReLU, nn.Identity)  # f(x / s) = f(x) / s for s > 0
@@ -813,13 +814,21 @@ def apply(
     ranked: list[tuple[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
     """Apply ``algorithms`` to the float ``model`` in place (``opts``: their settings), in the order
-    that composes (:data:`ALGORITHMS`). Returns one record per algorithm; one that found nothing to do
-    says so (and logs it). ``ranked``: :func:`rank_sensitivity` of the model after the others, where
-    known already."""
+    that composes (:data:`ALGORITHMS`), except that ``sensitive_float`` chooses its layers first: the
+    layers it keeps float are neither rounded by AdaRound (which would leave its integers in their
+    float weights) nor bias-corrected for a quantization they never get, and AdaRound fits the later
+    layers to their float outputs. Returns one record per algorithm, in :data:`ALGORITHMS` order; one
+    that found nothing to do says so (and logs it). ``ranked``: :func:`rank_sensitivity` where known
+    already (else of ``model`` as given)."""
     opts = opts or RecoveryOptions()
+    order = [a for a in ALGORITHMS if a in algorithms]
+    if "sensitive_float" in order:
+        order = ["sensitive_float", *(a for a in order if a != "sensitive_float")]
     done = []
-    for name in (a for a in ALGORITHMS if a in algorithms):
+    for name in order:
         rec = _apply_one(name, model, example, batches, opts, skip, ranked)
+        if name == "sensitive_float":
+            skip = (skip or set()) | set(rec["layers"])
         if not rec["applied"]:
             why = WHY_NOT[name]
             if name == "bias_correction" and opts.bias_correction_form == "analytic":
@@ -828,7 +837,7 @@ def apply(
             rec["note"] = f"does not apply to {where}: {why}"
             log.info("recovery %s %s", name, rec["note"])
         done.append(rec)
-    return done
+    return sorted(done, key=lambda rec: ALGORITHMS.index(rec["algorithm"]))
 
 
 # --------------------------------------------------------------------------- options and `auto`
@@ -1025,25 +1034,42 @@ def _float_stage(
     opts: RecoveryOptions,
     best: Callable[[], tuple[Judgement, list[str], nn.Module, Any]],
     trial: Callable[..., None],
-    rank: Callable[[nn.Module], list[tuple[str, float]]],
+    rank: Callable[[list[str]], list[tuple[str, float]]],
 ) -> str:
     """Stage three of ``auto``: the best so far with its 1, 2, ... most sensitive layers float (one
-    ranking of that best model), while its cosine falls short of ``float_target``; says what it did."""
+    ranking, :func:`_rank_for`), while its cosine falls short of ``float_target``; says what it did."""
     if not opts.keeps_layers_float():
         return "not tried: this pass keeps no layers float"
     if not opts.float_layers:
         return "not tried: float_layers is 0"
-    judged, combo, m, _ = best()
+    judged, combo, _, _ = best()
     if judged.cosine >= opts.float_target:
         return "not needed: " + _enough(judged, opts)
     t0 = time.perf_counter()
-    ranked = rank(m)
+    ranked = rank(combo)
     note = f"tried on top of {combo or 'none'} (ranking {time.perf_counter() - t0:.1f} s)"
     for k in range(1, min(opts.float_layers, len(ranked)) + 1):
         trial([*combo, "sensitive_float"], 3, opts.model_copy(update={"float_layers": k}), ranked)
         if best()[0].cosine >= opts.float_target:
             break
     return note
+
+
+def _rank_for(
+    model: nn.Module,
+    combo: list[str],
+    example: Any,
+    batches: list[Any],
+    opts: RecoveryOptions,
+    skip: set[str] | None,
+) -> list[tuple[str, float]]:
+    """:func:`rank_sensitivity` for the float stage on top of ``combo``: of the float model with
+    only those changes of ``combo`` that keep its function (:data:`PRESERVING`). Ranked after
+    AdaRound, whose weights are on the grid already, a layer's own rounding error would not count
+    (the stem of a MobileNetV3 fell out of the top four); after bias correction, its shifted means."""
+    m = copy.deepcopy(model)
+    apply(m, [a for a in combo if a in PRESERVING], example, batches, opts, skip)
+    return rank_sensitivity(m, example, batches, skip)
 
 
 def _enough(judged: Judgement, opts: RecoveryOptions) -> str:
@@ -1112,7 +1138,7 @@ def choose(
     if best is None:
         raise ValueError("every recovery candidate failed: " + "; ".join(t.get("error", "") for t in trials))
     float_note = _float_stage(
-        opts, lambda: best, trial, lambda m: rank_sensitivity(m, example, batches, skip)
+        opts, lambda: best, trial, lambda combo: _rank_for(model, combo, example, batches, opts, skip)
     )
     judged, combo, m, records = best
     log.info("recovery auto chose %s (cosine %.5f on calibration batches)", combo or "none", judged.cosine)
@@ -1231,18 +1257,12 @@ def record_ranges(info: dict[str, Any], found: dict[str, Any] | None) -> None:
 
 def verify_rounding(info: dict[str, Any] | None, found: list[torch.Tensor]) -> None:
     """Replace AdaRound's expected integers in ``info`` (``info.recovery``) by the check that the
-    back end stored them (``found``: the converted model's int8 weight tensors); logs a mismatch.
-    Layers ``sensitive_float`` kept float store no integers: they are named, not checked."""
-    applied = (info or {}).get("applied", [])
-    kept = {n for rec in applied if rec["algorithm"] == "sensitive_float" for n in rec.get("layers", [])}
-    for rec in applied:
+    back end stored them (``found``: the converted model's int8 weight tensors); logs a mismatch."""
+    for rec in (info or {}).get("applied", []):
         expected = rec.pop("expected_integers", None)
         if expected is None:
             continue
-        checked = {n: ints for n, ints in expected.items() if n not in kept}
-        rec["backend_check"] = check = check_integers(checked, found)
-        if kept & set(expected):
-            check["kept_float"] = sorted(kept & set(expected))
+        rec["backend_check"] = check = check_integers(expected, found)
         done, total = check["layers_verified"].split("/")
         if done != total:
             log.warning(
