@@ -104,9 +104,7 @@ def test_recovery_is_tried_before_keeping_layers_float(tmp_path: Path) -> None:
     recipe["search"]["quantize_options"]["adaround_iterations"] = 10
     result = run(recipe)
     names = [v["name"] for v in result.results["variants"]]
-    assert (
-        names.index("search-int8") < names.index("search-int8-recovered") < names.index("search-int8-float1")
-    )
+    assert names.index("search-int8") < names.index("search-int8-recovered")
     recovered = result.variant("search-int8-recovered")
     rec = recovered["info"]["recovery"]
     assert rec["mode"] == "auto" and {tuple(t["algorithms"]) for t in rec["trials"]} >= {
@@ -120,6 +118,9 @@ def test_recovery_is_tried_before_keeping_layers_float(tmp_path: Path) -> None:
     assert record["meets"] == selected["meets"] and record["chosen"] == rec["chosen"]
     if record["meets"]:  # nothing slower is tried after a candidate that meets
         assert "search-int8-float1" not in names
+        # the planted column is beyond the algorithms: auto's own float stage kept it float (its
+        # bias was once corrected for a quantization it never got, and it missed)
+        assert recovered["info"]["kept_float"] == ["sensitive"] and "sensitive_float" in rec["chosen"]
     else:  # the planted column is beyond recovery: the layer is kept float next
         assert names.index("search-int8-recovered") < names.index("search-int8-float1")
         assert result.variant("search-int8-float1")["info"]["kept_float"] == ["sensitive"]
