@@ -515,6 +515,26 @@ def test_auto_keeps_a_candidate_only_where_it_wins_by_more_than_noise() -> None:
     assert features.agreement is None  # not class scores: cosine alone
 
 
+def test_below_float_target_a_tie_goes_to_the_higher_mean_for_the_float_stage_to_build_on() -> None:
+    torch.manual_seed(0)
+    ref = torch.randn(128, 10)
+    none = recovery.Judgement.of(ref, ref + 0.3 * torch.randn(128, 10))
+    first = recovery.Judgement.of(ref, ref + 0.1 * torch.randn(128, 10))  # e.g. bias correction
+    closer = recovery.Judgement.of(ref, ref + 0.095 * torch.randn(128, 10))  # e.g. AdaRound, tried later
+    assert first.beats(none) and closer.beats(none)
+    assert not closer.beats(first) and not first.beats(closer) and closer.cosine > first.cosine
+    opts = recovery.RecoveryOptions(recovery="auto", float_target=0.9999)
+    assert recovery._nearer(closer, first, none, 1, opts)  # below the target: the float stage builds on it
+    assert not recovery._nearer(first, closer, none, 1, opts)  # the lower mean never replaces
+    # once the target is met a tie keeps the earlier candidate; float-stage ones must win outright
+    assert not recovery._nearer(closer, first, none, 1, opts.model_copy(update={"float_target": 0.9}))
+    assert not recovery._nearer(closer, first, none, 3, opts)
+    draws = [recovery.Judgement.of(ref, ref + 0.3 * torch.randn(128, 10)) for _ in range(2)]
+    plain, hair = sorted(draws, key=lambda j: j.cosine)  # closer by a hair: not clearly
+    assert not hair.beats(plain) and hair.cosine > plain.cosine
+    assert not recovery._nearer(hair, plain, plain, 1, opts)  # must itself beat none clearly
+
+
 def test_listed_recovery_reports_what_does_not_apply(trained_cnn, digits, tmp_path) -> None:
     options = {"recovery": ["smoothquant", "equalization", "bias_correction"]}
     v = apply_pass("quantize.onnx", trained_cnn, digits, options, work_dir=tmp_path)
