@@ -229,7 +229,7 @@ def bench_cnn(
         fns["fp32 compiled"](data.example_input(8))
     p50 = interleaved_p50(fns, data.example_input(8), rounds=3, min_time_s=min_time)
     row["p50_ms"] = {k: round(v, 3) for k, v in p50.items()}
-    if trained or name.startswith("ported"):  # (the quick run's row, so that this path cannot rot)
+    if name.endswith(TRAINED_AT) or name.startswith("ported"):  # (quick: so that this cannot rot)
         row["recipe_speed"] = recipe_speed(model, row, 48 if name.startswith("ported") else 224, min_time)
     return row
 
