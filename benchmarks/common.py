@@ -62,6 +62,19 @@ def interleaved_p50(
     ``contexts[name]()`` is entered around that callable's timing (a quantized engine, the
     attention fast-path switch), so every row runs under its own settings in the shared rounds.
     """
+    p50s = interleaved_rounds(fns, x, rounds, min_time_s, seed, contexts)
+    return {name: statistics.median(v) for name, v in p50s.items()}
+
+
+def interleaved_rounds(
+    fns: dict[str, Callable[[Any], Any]],
+    x: Any,
+    rounds: int = 3,
+    min_time_s: float = 1.0,
+    seed: int = 0,
+    contexts: dict[str, Callable[[], AbstractContextManager[Any]]] | None = None,
+) -> dict[str, list[float]]:
+    """Each callable's p50 (ms) in every round of :func:`interleaved_p50` (paired by round)."""
     rng = random.Random(seed)
     contexts = contexts or {}
     p50s: dict[str, list[float]] = {name: [] for name in fns}
@@ -74,7 +87,7 @@ def interleaved_p50(
                     lambda v, f=fns[name]: call(f, v), x, warmup=3, min_runs=10, min_time_s=min_time_s
                 )
             p50s[name].append(stats.p50_ms)
-    return {name: statistics.median(v) for name, v in p50s.items()}
+    return p50s
 
 
 def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
