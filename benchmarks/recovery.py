@@ -235,6 +235,9 @@ def bench_cnn(
     return row
 
 
+RECIPE = "pt2e, same layers float"  # recipe_speed's row for what auto kept float
+
+
 def recipe_speed(model: nn.Module, row: dict[str, Any], size: int, min_time: float) -> dict[str, Any]:
     """Speed at ``size`` x ``size`` (batch 8) of what ``recovery: auto`` chose on ``model`` (trained
     and judged at a smaller size; its convolutions and global pooling run at any size): plain PT2E
@@ -248,7 +251,7 @@ def recipe_speed(model: nn.Module, row: dict[str, Any], size: int, min_time: flo
     fns: dict[str, Any] = {"fp32 eager": model, "fp32 compiled": compiled(model)}
     builds = [("pt2e", {"mode": "pt2e"})]
     if kept:
-        builds.append(("pt2e, same layers float", {"mode": "pt2e", "keep_float": kept}))
+        builds.append((RECIPE, {"mode": "pt2e", "keep_float": kept}))
     graph = {}
     for label, options in builds:
         v = apply_pass("quantize.static", copy.deepcopy(model), data, options)
@@ -313,7 +316,7 @@ def _input_text(row: dict[str, Any]) -> str:
 def _recipe_ratios(row: dict[str, Any]) -> tuple[str, float, float]:
     """The recipe's int8 variant at the larger size and its speed-ups over fp32 eager / compiled."""
     p50 = row["recipe_speed"]["p50_ms"]
-    label = "pt2e, same layers float" if "pt2e, same layers float" in p50 else "pt2e"
+    label = RECIPE if RECIPE in p50 else "pt2e"
     return label, p50["fp32 eager"] / p50[label], p50["fp32 compiled"] / p50[label]
 
 

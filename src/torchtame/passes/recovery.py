@@ -1105,8 +1105,8 @@ def choose(
     combination. Each candidate's quantized model (``score``: built from a float model, run on
     calibration batches held apart from the evaluation data) is judged against the float
     ``reference``; one replaces the best so far only where it wins by more than noise
-    (:meth:`Judgement.beats`; below ``float_target``, or ties it with a higher mean, :func:`_nearer`),
-    so none is kept unless something clearly helps. Every trial is
+    (:meth:`Judgement.beats`), or, below ``float_target``, ties it with a higher mean
+    (:func:`_nearer`), so none is kept unless something clearly helps. Every trial is
     recorded with its stage. ``on_best`` is called when the candidate just scored becomes the best
     (the pass keeps that one's quantized model instead of building it again)."""
     t_start = time.perf_counter()
