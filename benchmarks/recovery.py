@@ -329,7 +329,11 @@ def _recipe_text(row: dict[str, Any], best: dict[str, Any]) -> str:
     faithful = best["cosine"] >= 0.995 and best["agreement"] >= 95
     verdict = "met" if fast else "NOT met"
     spread = row["recipe_speed"].get("ratio_ranges")  # runs before it was recorded have none
-    if spread and (spread["fp32 eager"][0] < 5 <= spread["fp32 eager"][1] or spread["fp32 compiled"][0] <= 1):
+    straddles = spread and (
+        spread["fp32 eager"][0] < 5 <= spread["fp32 eager"][1]
+        or spread["fp32 compiled"][0] <= 1 < spread["fp32 compiled"][1]
+    )
+    if straddles:
         verdict += ", within the rounds' spread of the line"
     return (
         f"; the same model at {size}x{size} with the same layers float: {eager:.2f}x fp32 eager, "
