@@ -717,3 +717,22 @@ def test_keeping_a_node_float_never_costs_more_than_noise(tmp_path) -> None:
     sel = {"constraints": {}, "latency_setting": setting, "chosen": None, "best_found": "p", "candidates": []}
     (line,) = [x for x in selection_lines({"selection": sel, "search": S.info}) if "against" in x]
     assert "`c` (1 node(s) float) has cosine 0.96 against 0.99 for `p`: no activation outside" in line
+
+
+def test_float_target_counts_as_reached_only_past_the_noise_of_the_judged_samples() -> None:
+    torch.manual_seed(0)
+    ref = torch.randn(128, 10)
+    judged = recovery.Judgement.of(ref, ref + 0.05 * torch.randn(128, 10))
+    se = judged.per_sample.double().std().item() / 128**0.5
+    assert judged.lower == pytest.approx(judged.cosine - 2 * se)
+    assert judged.reaches(judged.lower) and not judged.reaches(judged.cosine)  # the mean alone is not enough
+    assert judged.record()["cosine_lower"] == round(judged.lower, 6)
+    none = recovery.Judgement.of(ref, ref + 0.3 * torch.randn(128, 10))
+    closer = recovery.Judgement.of(ref, ref + 0.049 * torch.randn(128, 10))
+    assert closer.beats(none) and not closer.beats(judged) and not judged.beats(closer)
+    assert closer.cosine > judged.cosine
+    # a best whose mean passes the target by less than its noise is still below it: a tie with a
+    # higher mean becomes the base the float stage builds on
+    opts = recovery.RecoveryOptions(recovery="auto", float_target=(judged.cosine + judged.lower) / 2)
+    assert recovery._nearer(closer, judged, none, 1, opts)
+    assert not recovery._nearer(closer, judged, none, 1, opts.model_copy(update={"float_target": judged.lower}))
