@@ -735,4 +735,6 @@ def test_float_target_counts_as_reached_only_past_the_noise_of_the_judged_sample
     # higher mean becomes the base the float stage builds on
     opts = recovery.RecoveryOptions(recovery="auto", float_target=(judged.cosine + judged.lower) / 2)
     assert recovery._nearer(closer, judged, none, 1, opts)
-    assert not recovery._nearer(closer, judged, none, 1, opts.model_copy(update={"float_target": judged.lower}))
+    assert not recovery._nearer(
+        closer, judged, none, 1, opts.model_copy(update={"float_target": judged.lower})
+    )
