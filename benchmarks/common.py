@@ -2,7 +2,8 @@
 
 Timing: every row of a comparison (the fp32 reference included) is timed in each of ``rounds``
 rounds, in a new random order each round, with torchtame's harness; a row keeps the median of its
-p50s. Machine drift then hits all rows alike instead of the ones timed last.
+p50s, and a speed-up the lowest and highest single-round ratio beside it. Machine drift then hits
+all rows alike instead of the ones timed last.
 """
 
 from __future__ import annotations
@@ -49,23 +50,6 @@ def machine() -> str:
     )
 
 
-def interleaved_p50(
-    fns: dict[str, Callable[[Any], Any]],
-    x: Any,
-    rounds: int = 3,
-    min_time_s: float = 1.0,
-    seed: int = 0,
-    contexts: dict[str, Callable[[], AbstractContextManager[Any]]] | None = None,
-) -> dict[str, float]:
-    """Median over ``rounds`` of each callable's p50 (ms), rounds in a random order each time.
-
-    ``contexts[name]()`` is entered around that callable's timing (a quantized engine, the
-    attention fast-path switch), so every row runs under its own settings in the shared rounds.
-    """
-    p50s = interleaved_rounds(fns, x, rounds, min_time_s, seed, contexts)
-    return {name: statistics.median(v) for name, v in p50s.items()}
-
-
 def interleaved_rounds(
     fns: dict[str, Callable[[Any], Any]],
     x: Any,
@@ -74,7 +58,13 @@ def interleaved_rounds(
     seed: int = 0,
     contexts: dict[str, Callable[[], AbstractContextManager[Any]]] | None = None,
 ) -> dict[str, list[float]]:
-    """Each callable's p50 (ms) in every round of :func:`interleaved_p50` (paired by round)."""
+    """Each callable's p50 (ms) in every one of ``rounds`` rounds (paired by round), the callables
+    in a new random order each round; a row's figure is the median of its rounds, and a speed-up's
+    spread the lowest and highest single-round ratio (:func:`ratio_ranges`).
+
+    ``contexts[name]()`` is entered around that callable's timing (a quantized engine, the
+    attention fast-path switch), so every row runs under its own settings in the shared rounds.
+    """
     rng = random.Random(seed)
     contexts = contexts or {}
     p50s: dict[str, list[float]] = {name: [] for name in fns}
@@ -88,6 +78,25 @@ def interleaved_rounds(
                 )
             p50s[name].append(stats.p50_ms)
     return p50s
+
+
+def ratio_ranges(per_round: dict[str, list[float]], refs: list[str]) -> dict[str, dict[str, list[float]]]:
+    """For each reference row in ``refs``, every row's lowest and highest single-round speed-up over
+    it (paired by round, :func:`interleaved_rounds`): the spread the machine's drift gives a ratio
+    of medians. ``{ref: {row: [low, high]}}``."""
+    return {
+        ref: {
+            name: [round(min(r), 3), round(max(r), 3)]
+            for name, times in per_round.items()
+            for r in [[a / b for a, b in zip(per_round[ref], times, strict=True)]]
+        }
+        for ref in refs
+    }
+
+
+def with_spread(ratio: float, spread: list[float] | None) -> str:
+    """``5.21x [4.80, 5.60]``: a speed-up and its rounds' spread (none where a run predates it)."""
+    return f"{ratio:.2f}x" + (f" [{spread[0]:.2f}, {spread[1]:.2f}]" if spread else "")
 
 
 def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:

@@ -12,13 +12,15 @@ activations are ~1e-9 and no int8 format or fidelity figure means anything). Inp
 
 For each model: fp32 eager, FX int8 (eager kernels), PT2E int8 (torch.compile with freezing)
 and, for reference, fp32 compiled, all timed side by side in one process (interleaved rounds in a
-random order, medians). Int8 layers are counted from each converted graph; cosine and top-1
+random order, medians; each speed-up with the lowest and highest single-round ratio in
+brackets). Int8 layers are counted from each converted graph; cosine and top-1
 agreement are against fp32 on held-out inputs.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import sys
 import time
 import warnings
@@ -29,12 +31,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.samepad
 
-from common import agreement, cosine, interleaved_p50, out_dir, parser, publish
+from common import agreement, cosine, interleaved_rounds, out_dir, parser, publish, ratio_ranges, with_spread
 
 from torchtame import apply_pass, load_data
 from torchtame.data import DigitsData, SyntheticData
 from torchtame.runtime import compiled, quantized_engine
 from torchtame.training import recalibrate_batchnorm, train
+
+ROUNDS = 5  # interleaved timing rounds: a speed-up's bracket is its lowest and highest round
 
 
 def models(quick: bool) -> list[tuple[str, Any, Any]]:
@@ -119,8 +123,10 @@ def bench(name: str, model: torch.nn.Module, data: Any, batch: int, min_time: fl
 
     fns = {"fp32 eager": model, "fp32 compiled": fp32_compiled}
     fns.update({f"int8 {m}": timed(*variants[m]) for m in variants})
-    p50 = interleaved_p50(fns, x, rounds=3, min_time_s=min_time)
+    per_round = interleaved_rounds(fns, x, rounds=ROUNDS, min_time_s=min_time)
+    p50 = {k: statistics.median(v) for k, v in per_round.items()}
     row["p50_ms"] = {k: round(v, 3) for k, v in p50.items()}
+    row["ratio_ranges"] = ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"])
     row["speedup_vs_fp32_eager"] = {k: round(p50["fp32 eager"] / v, 2) for k, v in p50.items()}
     for mode in ("fx", "pt2e", "auto"):
         if "error" not in row.get(mode, {"error": ""}):
@@ -153,9 +159,12 @@ def markdown(rows: list[dict[str, Any]], batch: int) -> list[str]:
             f"| {r['model']} | fp32 eager | - | - | 1 | 100 | {r['p50_ms']['fp32 eager']:.3f} | 1.00x | - "
             "| - |"
         )
+        spread = r.get("ratio_ranges", {})  # runs before it was recorded have none
+        eager, comp = spread.get("fp32 eager", {}), spread.get("fp32 compiled", {})
         lines.append(
             f"| {r['model']} | fp32 compiled | - | - | 1 | 100 | {r['p50_ms']['fp32 compiled']:.3f} | "
-            f"{r['speedup_vs_fp32_eager']['fp32 compiled']:.2f}x | 1.00x | {r['fp32_compile_s']} |"
+            f"{with_spread(r['speedup_vs_fp32_eager']['fp32 compiled'], eager.get('fp32 compiled'))} | "
+            f"1.00x | {r['fp32_compile_s']} |"
         )
         for mode in ("fx", "pt2e", "auto"):
             m = r.get(mode, {})
@@ -164,11 +173,14 @@ def markdown(rows: list[dict[str, Any]], batch: int) -> list[str]:
                 continue
             label = f"int8 {mode}" + (f" (chose {m['built_as']})" if mode == "auto" else "")
             p50 = r["p50_ms"][f"int8 {mode}"]
-            vs_compiled = f"{r['p50_ms']['fp32 compiled'] / p50:.2f}x" if m["compile_s"] else "-"
+            key = f"int8 {mode}"
+            vs_compiled = (
+                with_spread(r["p50_ms"]["fp32 compiled"] / p50, comp.get(key)) if m["compile_s"] else "-"
+            )
             lines.append(
                 f"| {r['model']} | {label} | {m['int8_layers']} | {m['standalone_batchnorms']} | "
                 f"{m['cosine']:.4f} | {m['agreement']:.1f} | {p50:.3f} | "
-                f"{r['speedup_vs_fp32_eager'][f'int8 {mode}']:.2f}x | {vs_compiled} | "
+                f"{with_spread(r['speedup_vs_fp32_eager'][key], eager.get(key))} | {vs_compiled} | "
                 f"{m['compile_s'] or '-'} |"
             )
     lines += ["", "What `mode: auto` chose, and why:", ""]
@@ -202,7 +214,8 @@ def render(data: dict[str, Any]) -> list[str]:
         "Inductor quantizer on torchtame's normalised export) runs compiled with weight freezing, so "
         "it is shown against fp32 compiled the same way as well as against fp32 eager. Every row of "
         "a model is timed side by side in one process: interleaved rounds in a random order, median "
-        "p50. Random-weight models have BatchNorm statistics from the inputs.",
+        "p50; in brackets, the lowest and highest single-round speed-up (paired by round: the machine's "
+        "drift). Random-weight models have BatchNorm statistics from the inputs.",
         "",
         *markdown(data["rows"], data["batch"]),
     ]

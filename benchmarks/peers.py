@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import statistics
 import tempfile
 import time
 import warnings
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import interleaved_p50, out_dir, parser, publish
+from common import interleaved_rounds, out_dir, parser, publish, ratio_ranges, with_spread
 from torch import nn
 
 from torchtame.data import DataBundle, DigitsData, SyntheticData, load_data
@@ -66,7 +67,7 @@ MAX_TOP1_DROP = 2.0
 class Bench:
     """Rows for one model: every row (fp32 included) is built first, then all rows are timed
     together in ``ROUNDS`` rounds per batch size, in a new random order each round
-    (common.interleaved_p50), so drift on the machine hits every row alike."""
+    (common.interleaved_rounds), so drift on the machine hits every row alike."""
 
     ROUNDS = 5
 
@@ -143,13 +144,22 @@ class Bench:
                 fn = r["fn"]
                 fns[key] = copy.deepcopy(fn) if isinstance(fn, nn.Module) and r["backend"] else fn
                 contexts[key] = functools.partial(self._context, r["backend"], r["fastpath"])
-            p50 = interleaved_p50(
+            per_round = interleaved_rounds(
                 fns, self.data.example_input(bs), self.ROUNDS, self.min_time, seed=bs, contexts=contexts
             )
+            p50 = {k: statistics.median(v) for k, v in per_round.items()}
+            refs = [
+                keys[0],
+                *(k for k, r in zip(keys, self.rows, strict=True) if r["approach"] == COMPILED_FP32),
+            ]
+            spread = ratio_ranges(per_round, refs)  # lowest and highest single-round speed-ups
             base = p50[keys[0]]
             for key, r in zip(keys, self.rows, strict=True):
                 r[f"b{bs}_ms"] = p50[key]
                 r[f"b{bs}_speedup"] = base / p50[key]
+                r[f"b{bs}_speedup_range"] = spread[keys[0]][key]
+                if len(refs) > 1 and r.get("compiled"):
+                    r[f"b{bs}_vs_compiled_range"] = spread[refs[1]][key]
         direct = {r["approach"]: r for r in self.rows if r["who"] == "direct"}
         reference = next((r for r in self.rows if r["approach"] == COMPILED_FP32), None)
         for r in self.rows:
@@ -370,7 +380,8 @@ def render(data: dict[str, Any]) -> list[str]:
         f"- latency: torchtame's harness for every row (3 warm-up calls, then >= 10 calls and "
         f"{data['min_time']:g} s), p50; every row of a model, fp32 included, is timed in each of "
         f"{data['rounds']} rounds per batch size in a new random order, and keeps the median of its "
-        "p50s; 'vs fp32' > 1 is faster than the model's first row, PyTorch's default fp32 eager (for "
+        "p50s (in brackets: its lowest and highest single-round speed-up, paired by round); 'vs fp32' "
+        "> 1 is faster than the model's first row, PyTorch's default fp32 eager (for "
         "the Transformer: with the fused attention fast path); compiled rows are also shown against "
         "fp32 compiled with the same Inductor settings; 'ours vs direct' > 1 means torchtame's "
         "variant is faster than the direct call",
@@ -391,11 +402,14 @@ def render(data: dict[str, Any]) -> list[str]:
         ok = r["verdict"] == "ok"
         cells = [r["model"], r["approach"], r["who"], quality(r), r["verdict"], f"1/{r['size_ratio']:.2f}"]
         for bs in batches:
-            vs, up, comp = r[f"b{bs}_vs_direct"], r[f"b{bs}_speedup"], r.get(f"b{bs}_vs_compiled")
+            vs, comp = r[f"b{bs}_vs_direct"], r.get(f"b{bs}_vs_compiled")
+            up = with_spread(r[f"b{bs}_speedup"], r.get(f"b{bs}_speedup_range"))
+            if comp is not None:
+                comp = with_spread(comp, r.get(f"b{bs}_vs_compiled_range"))
             cells += [
                 f"{r[f'b{bs}_ms']:.3f}",
-                f"{up:.2f}x" if ok else f"({up:.2f}x)",
-                "-" if comp is None else (f"{comp:.2f}x" if ok else f"({comp:.2f}x)"),
+                up if ok else f"({up})",
+                "-" if comp is None else (comp if ok else f"({comp})"),
                 f"{vs:.2f}" if vs else "-",
             ]
         body.append("| " + " | ".join(cells) + " |")

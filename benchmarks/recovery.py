@@ -18,8 +18,8 @@ Per CNN (quantize.static, mode pt2e, compiled with freezing):
   each algorithm's gain alone and combined; auto's own time;
 - onnxruntime static int8 with MinMax, Percentile and per-tensor range search;
 - cosine and top-1 agreement with float on the evaluation images, and, for plain and recovered
-  PT2E int8, speed at batch 8 against fp32 eager and fp32 compiled the same way (interleaved
-  rounds, medians).
+  PT2E int8, speed at batch 8 against fp32 eager and fp32 compiled the same way (5 interleaved
+  rounds, medians; the lowest and highest single-round speed-up in brackets).
 """
 
 from __future__ import annotations
@@ -33,7 +33,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import agreement, cosine, interleaved_p50, interleaved_rounds, out_dir, parser, publish, synthetic
+from common import (
+    agreement,
+    cosine,
+    interleaved_rounds,
+    out_dir,
+    parser,
+    publish,
+    ratio_ranges,
+    synthetic,
+    with_spread,
+)
 from torch import nn
 
 from torchtame import apply_pass, load_data
@@ -228,8 +238,9 @@ def bench_cnn(
     fns = {"fp32 eager": model, "fp32 compiled": compiled(model), **built}
     with torch.inference_mode():
         fns["fp32 compiled"](data.example_input(8))
-    p50 = interleaved_p50(fns, data.example_input(8), rounds=3, min_time_s=min_time)
-    row["p50_ms"] = {k: round(v, 3) for k, v in p50.items()}
+    per_round = interleaved_rounds(fns, data.example_input(8), rounds=5, min_time_s=min_time)
+    row["p50_ms"] = {k: round(statistics.median(v), 3) for k, v in per_round.items()}
+    row["ratio_ranges"] = ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"])
     if name.endswith(TRAINED_AT) or name.startswith("ported"):  # (quick: so that this cannot rot)
         row["recipe_speed"] = recipe_speed(model, row, 48 if name.startswith("ported") else 224, min_time)
     return row
@@ -264,11 +275,8 @@ def recipe_speed(model: nn.Module, row: dict[str, Any], size: int, min_time: flo
     p50 = {k: statistics.median(v) for k, v in per_round.items()}
     print(f"  at {size}x{size}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in p50.items()), flush=True)
     label = builds[-1][0]
-    ranges = {  # the speed-up in each round (paired): its spread is the machine's drift
-        ref: [round(min(r), 3), round(max(r), 3)]
-        for ref in ("fp32 eager", "fp32 compiled")
-        for r in [[a / b for a, b in zip(per_round[ref], per_round[label], strict=True)]]
-    }
+    # the speed-up in each round (paired): its spread is the machine's drift
+    ranges = {ref: r[label] for ref, r in ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"]).items()}
     out = {"size": size, "kept_float": kept, "int8_layers": graph, "rounds": 7, "ratio_ranges": ranges}
     return {**out, "p50_ms": {k: round(v, 3) for k, v in p50.items()}}
 
@@ -342,10 +350,6 @@ def _recipe_text(row: dict[str, Any], best: dict[str, Any]) -> str:
     )
 
 
-def _with_spread(ratio: float, spread: list[float] | None) -> str:
-    return f"{ratio:.2f}x" + (f" [{spread[0]:.2f}, {spread[1]:.2f}]" if spread else "")
-
-
 def _recipe_table(rows: list[dict[str, Any]]) -> list[str]:
     timed = [row for row in rows if "recipe_speed" in row]
     if not timed:
@@ -380,8 +384,8 @@ def _recipe_table(rows: list[dict[str, Any]]) -> list[str]:
             f"{p50['fp32 compiled']:.2f}",
             f"{p50['pt2e']:.2f}",
             f"{p50[label]:.2f}",
-            _with_spread(eager, r.get("ratio_ranges", {}).get("fp32 eager")),
-            _with_spread(vs_compiled, r.get("ratio_ranges", {}).get("fp32 compiled")),
+            with_spread(eager, r.get("ratio_ranges", {}).get("fp32 eager")),
+            with_spread(vs_compiled, r.get("ratio_ranges", {}).get("fp32 compiled")),
         ]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return out
@@ -426,6 +430,12 @@ def render(data: dict[str, Any]) -> list[str]:
             "activations, and the floor is on that grid."
             if "no VNNI" in str(data.get("meta", {}).get("machine", ""))
             else "PT2E: 8-bit weights and activations."
+        )
+        + (
+            " Speed-ups: median p50s of 5 interleaved rounds; in brackets the lowest and highest "
+            "single-round speed-up (paired by round: the machine's drift)."
+            if any("ratio_ranges" in row for row in data["rows"])
+            else ""
         ),
         *(
             [
@@ -446,10 +456,12 @@ def render(data: dict[str, Any]) -> list[str]:
     notes = []
     for row in data["rows"]:
         p50 = row.get("p50_ms", {})
+        spread = row.get("ratio_ranges", {})  # runs before it was recorded have none
+        vs_eager, vs_comp = spread.get("fp32 eager", {}), spread.get("fp32 compiled", {})
         for key in ("fp32 eager", "fp32 compiled"):
             if key in p50:
-                eager = p50["fp32 eager"] / p50[key]
-                lines.append(f"| {row['model']} | {key} | 1 | 100 | - | {p50[key]:.2f} | {eager:.2f}x | - |")
+                eager = with_spread(p50["fp32 eager"] / p50[key], vs_eager.get(key))
+                lines.append(f"| {row['model']} | {key} | 1 | 100 | - | {p50[key]:.2f} | {eager} | - |")
         if "weights_only" in row:
             w = row["weights_only"]
             bits = " (7-bit weights)" if w.get("grid", [-128])[0] == -64 else ""
@@ -468,8 +480,8 @@ def render(data: dict[str, Any]) -> list[str]:
             if label in p50:
                 speed = [
                     f"{p50[label]:.2f}",
-                    f"{p50['fp32 eager'] / p50[label]:.2f}x",
-                    f"{p50['fp32 compiled'] / p50[label]:.2f}x",
+                    with_spread(p50["fp32 eager"] / p50[label], vs_eager.get(label)),
+                    with_spread(p50["fp32 compiled"] / p50[label], vs_comp.get(label)),
                 ]
             shown = label + (f" (chose {' + '.join(r['chosen']) or 'none'})" if "chosen" in r else "")
             if label.startswith("onnx") and r.get("reduce_range"):

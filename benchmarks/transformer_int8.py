@@ -14,13 +14,14 @@ compiled and PT2E int8 compiled the same way (Inductor, freezing), interleaved r
 from __future__ import annotations
 
 import copy
+import statistics
 import tempfile
 import time
 import warnings
 from typing import Any
 
 import torch
-from common import interleaved_p50, out_dir, parser, publish
+from common import interleaved_rounds, out_dir, parser, publish, ratio_ranges, with_spread
 
 from torchtame import apply_pass, load_data
 from torchtame.data import PythonData
@@ -121,13 +122,15 @@ def main() -> None:
         print(label, rows[label], flush=True)
     with torch.inference_mode():
         fns["fp32 compiled"](**example)
-    p50 = interleaved_p50(fns, example, rounds=3, min_time_s=args.min_time)
+    per_round = interleaved_rounds(fns, example, rounds=5, min_time_s=args.min_time)
+    p50 = {k: statistics.median(v) for k, v in per_round.items()}
     figures = {
         "config": config,
         "batch": args.batch,
         "length": args.length,
         "rows": rows,
         "p50_ms": {k: round(v, 3) for k, v in p50.items()},
+        "ratio_ranges": ratio_ranges(per_round, ["fp32 eager (SDPA)", "fp32 compiled"]),
     }
     command = "python benchmarks/transformer_int8.py" + (" --quick" if args.quick else "")
     title = "Static int8 on a MiniLM-sized BERT"
@@ -137,21 +140,29 @@ def main() -> None:
 def render(data: dict[str, Any]) -> list[str]:
     c, p50 = data["config"], data["p50_ms"]
     eager = p50["fp32 eager (SDPA)"]
+    spread = data.get("ratio_ranges", {})  # runs before it was recorded have none
+    vs_eager, vs_comp = spread.get("fp32 eager (SDPA)", {}), spread.get("fp32 compiled", {})
     lines = [
         f"transformers BertModel (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
         f"{c['num_attention_heads']} heads, intermediate {c['intermediate_size']}, vocabulary "
         f"{c['vocab_size']}), random weights, from_pretrained from a local directory, keyword inputs, "
         f"padded rows; batch {data['batch']}, sequence {data['length']}. Cosine of last_hidden_state "
-        "at real tokens against float, on rows apart from calibration.",
+        "at real tokens against float, on rows apart from calibration. Timed side by side in 5 interleaved "
+        "rounds, median p50; in brackets, the lowest and highest single-round speed-up.",
         "",
         "| variant | int8 layers | cosine | build s | p50 ms | vs fp32 eager | vs fp32 compiled |",
         "|---|---|---|---|---|---|---|",
     ]
     for k in ("fp32 eager (SDPA)", "fp32 compiled"):
-        lines.append(f"| {k} | - | 1 | - | {p50[k]:.1f} | {eager / p50[k]:.2f}x | - |")
+        ratio = with_spread(eager / p50[k], vs_eager.get(k))
+        lines.append(f"| {k} | - | 1 | - | {p50[k]:.1f} | {ratio} | - |")
     for k, r in data["rows"].items():
         speed = (
-            [f"{p50[k]:.1f}", f"{eager / p50[k]:.2f}x", f"{p50['fp32 compiled'] / p50[k]:.2f}x"]
+            [
+                f"{p50[k]:.1f}",
+                with_spread(eager / p50[k], vs_eager.get(k)),
+                with_spread(p50["fp32 compiled"] / p50[k], vs_comp.get(k)),
+            ]
             if k in p50
             else ["-", "-", "-"]
         )

@@ -82,3 +82,18 @@ def test_quick_mode_runs_and_writes_its_section(script: str, tmp_path: Path) -> 
     data = json.loads((tmp_path / "results" / f"{section}.json").read_text(encoding="utf-8"))
     assert data["meta"]["command"] == f"python benchmarks/{script}.py --quick"
     assert written == _module("common").section_text(section, data, _module(script).render)
+    if script in TIMED:  # every speed-up carries its rounds' spread
+        assert re.search(r"\d\.\d\dx \[\d+\.\d\d, \d+\.\d\d\]", written), written[:3000]
+
+
+# the scripts whose sections show speed-ups of interleaved rounds
+TIMED = {"int8_modes", "transformer_int8", "peers", "recovery", "compression", "auto_vs_search", "unlabeled"}
+
+
+def test_a_speed_up_spread_pairs_the_rounds() -> None:
+    common = _module("common")
+    per_round = {"fp32": [10.0, 20.0, 12.0], "int8": [5.0, 4.0, 4.0]}  # the machine slowed in round 2
+    spread = common.ratio_ranges(per_round, ["fp32"])["fp32"]
+    assert spread == {"fp32": [1.0, 1.0], "int8": [2.0, 5.0]}  # not 10/5 .. 20/4 unpaired
+    assert common.with_spread(3.0, spread["int8"]) == "3.00x [2.00, 5.00]"
+    assert common.with_spread(3.0, None) == "3.00x"
