@@ -231,6 +231,11 @@ def run_spreads(quick: dict[str, Any]) -> list[float]:
     return spreads
 
 
+def _bracket(spread: list[float] | None) -> str:
+    """`` [lo, hi] `` after a one-decimal speed-up (nothing where the run predates its spread)."""
+    return f"[{spread[0]:.1f}, {spread[1]:.1f}] " if spread else ""
+
+
 def readme_figures(results: Path = HERE / "results") -> str:
     """The README's benchmark bullets, every figure read from the JSON named beside it."""
     peers, modes = _load(results, "peers"), _load(results, "int8_modes")
@@ -246,30 +251,37 @@ def readme_figures(results: Path = HERE / "results") -> str:
     q = _row(rows, model="resnet18", approach="int8 static (torch.ao)", who="torchtame")
     pq = _row(rows, model="resnet18", approach="pruned 50% + int8", who="torchtame")
     if twins and q and pq:
+        spread = _bracket(q.get("b8_speedup_range"))
         lines.append(
             f"- `python benchmarks/peers.py` (`results/peers.json`): on resnet18 torchtame's rows run at "
             f"{min(twins):.2f}-{max(twins):.2f}x the speed of their direct twins (same graphs, same "
             f"kernels); its static int8 keeps cosine {q['cosine']:.4f} to fp32, is {q['b8_speedup']:.1f}x "
-            f"faster than fp32 eager at batch 8 and {q['size_ratio']:.2f}x smaller; pruned 50% + int8 "
-            f"reads {pq['b8_speedup']:.1f}x but is marked `{pq['verdict']}` (cosine {pq['cosine']:.2f} "
-            "without fine-tuning), so it counts in no target."
+            f"{spread}faster than fp32 eager at batch 8 and {q['size_ratio']:.2f}x smaller; pruned 50% + "
+            f"int8 reads {pq['b8_speedup']:.1f}x but is marked `{pq['verdict']}` (cosine "
+            f"{pq['cosine']:.2f} without fine-tuning), so it counts in no target."
         )
     fx = _row(rows, model="mobilenet_v3_small", approach="int8 static (torch.ao)", who="torchtame")
     auto = next((r for r in rows if r["model"] == "mobilenet_v3_small" and "auto" in r["approach"]), None)
     if fx and auto:
-        compiled = f", {auto['b8_vs_compiled']:.2f}x fp32 compiled" if auto.get("b8_vs_compiled") else ""
+        compiled = (
+            f", {with_spread(auto['b8_vs_compiled'], auto.get('b8_vs_compiled_range'))} fp32 compiled"
+            if auto.get("b8_vs_compiled")
+            else ""
+        )
         lines.append(
             f"- mobilenet_v3_small: FX int8 cosine {fx['cosine']:.3f}; `mode: auto` ({auto['approach']}) "
-            f"cosine {auto['cosine']:.3f}, {auto['b8_speedup']:.2f}x fp32 eager at batch 8{compiled} "
+            f"cosine {auto['cosine']:.3f}, {with_spread(auto['b8_speedup'], auto.get('b8_speedup_range'))} "
+            f"fp32 eager at batch 8{compiled} "
             "(`results/peers.json`)."
         )
     ref = next((r for r in rows if r["model"] == "transformer-encoder" and "default" in r["approach"]), None)
     dyn = _row(rows, model="transformer-encoder", approach="int8 dynamic (torch.ao)", who="torchtame")
     plain = _row(rows, model="transformer-encoder", approach="fp32 eager, no fast path")
     if ref and dyn and plain:
+        speed = with_spread(dyn["b8_speedup"], dyn.get("b8_speedup_range"))
         lines.append(
-            f"- Transformer encoder, dynamic int8: {dyn['b8_speedup']:.2f}x PyTorch's default fp32 "
-            f"(attention fast path on) at batch 8, {plain['b8_ms'] / dyn['b8_ms']:.2f}x fp32 without the "
+            f"- Transformer encoder, dynamic int8: {speed} PyTorch's default fp32 (attention fast path "
+            f"on) at batch 8, {plain['b8_ms'] / dyn['b8_ms']:.2f}x fp32 without the "
             "fast path (`results/peers.json`)."
         )
     for r in modes["rows"]:
@@ -277,19 +289,26 @@ def readme_figures(results: Path = HERE / "results") -> str:
         if "error" in a or not a:
             lines.append(f"- `python benchmarks/int8_modes.py`, {r['model']}: auto failed: {a.get('error')}")
             continue
-        p50 = r["p50_ms"]
+        p50, spread = r["p50_ms"], r.get("ratio_ranges", {})
+        eager = with_spread(
+            r["speedup_vs_fp32_eager"]["int8 auto"], spread.get("fp32 eager", {}).get("int8 auto")
+        )
+        comp = with_spread(
+            p50["fp32 compiled"] / p50["int8 auto"], spread.get("fp32 compiled", {}).get("int8 auto")
+        )
         lines.append(
             f"- `int8_modes.py` (`results/int8_modes.json`), {r['model']}: `mode: auto` built "
             f"{a['built_as']}, {a['int8_layers']} layers int8, cosine {a['cosine']:.4f}, "
-            f"{r['speedup_vs_fp32_eager']['int8 auto']:.2f}x fp32 eager at batch {modes['batch']}, "
-            f"{p50['fp32 compiled'] / p50['int8 auto']:.2f}x fp32 compiled."
+            f"{eager} fp32 eager at batch {modes['batch']}, {comp} fp32 compiled."
         )
     lines += _recovery_figures(results)
     d, rn = unlabeled["digits"], unlabeled["resnet18"]
+    speed = with_spread(d["chosen_speedup_b64"], d.get("chosen_speedup_b64_interval"))
     lines.append(
         f"- `python benchmarks/unlabeled.py` (`results/unlabeled.json`): without labels the digits search "
-        f"chooses `{d['chosen']}`, agreement {d['chosen_agreement']:.2f}%, {d['chosen_speedup_b64']:.2f}x "
-        f"fp32 at batch 64; distillation takes a half-pruned resnet18 from cosine "
+        f"chooses `{d['chosen']}`, agreement {d['chosen_agreement']:.2f}%, {speed} fp32 at batch 64"
+        + (" (95% interval)" if d.get("chosen_speedup_b64_interval") else "")
+        + "; distillation takes a half-pruned resnet18 from cosine "
         f"{rn['pruned_cosine']:.2f} to {rn['distilled_cosine']:.2f} in {rn['steps']} steps."
     )
     lines.append(
@@ -345,10 +364,12 @@ def _recovery_figures(results: Path) -> list[str]:
     if (results / "transformer_int8.json").is_file():
         t = _load(results, "transformer_int8")
         p50, row = t["p50_ms"], t["rows"]["int8 pt2e"]
+        spread = t.get("ratio_ranges", {}).get("fp32 eager (SDPA)", {}).get("int8 pt2e")
+        speed = with_spread(p50["fp32 eager (SDPA)"] / p50["int8 pt2e"], spread)
         lines.append(
             f"- `transformer_int8.py` (`results/transformer_int8.json`): MiniLM-sized BertModel, static "
-            f"int8 (PT2E) cosine {row['cosine']:.4f}, {p50['fp32 eager (SDPA)'] / p50['int8 pt2e']:.2f}x "
-            f"fp32 eager with SDPA at batch {t['batch']}, sequence {t['length']}."
+            f"int8 (PT2E) cosine {row['cosine']:.4f}, {speed} fp32 eager with SDPA at batch {t['batch']}, "
+            f"sequence {t['length']}."
         )
     return lines
 

@@ -355,8 +355,13 @@ def _heads_intro(h: dict[str, Any]) -> list[str]:
             "calibration inputs; 64x64 inputs, batch 8):"
         ]
     return [
-        "Heads (random init, 64x64 inputs, batch 8; speed-up: median of 5 interleaved rounds, lowest and "
-        "highest round in brackets): 25% of the heads of every attention layer pruned "
+        "Heads (random init, 64x64 inputs, batch 8"
+        + (
+            "; speed-up: median of 5 interleaved rounds, lowest and highest round in brackets"
+            if any("speedup_b8_range" in v for v in h.values())
+            else ""
+        )
+        + "): 25% of the heads of every attention layer pruned "
         "(heads; the target), or 25% of heads and FFN channels alike (heads + FFN); the Linears after "
         "them refitted by least squares on calibration batches (`reconstruct`); then distilled from "
         f"the unpruned model for {first['steps']} steps on a train split of fresh draws at lr "

@@ -68,6 +68,9 @@ def images(n: int = 1024) -> TensorDataset:
     return TensorDataset(torch.randn(n, 3, 64, 64, generator=g))
 
 
+LR = 1e-3  # resnet18 distillation (as benchmarks/compression.py's sparse resnet18)
+
+
 def resnet18_distill(steps: int, quick: bool) -> dict[str, Any]:
     import torchvision
 
@@ -91,11 +94,18 @@ def resnet18_distill(steps: int, quick: bool) -> dict[str, Any]:
 
     pruned = apply_pass("prune.structured", model, data, {"ratio": 0.5}, task="classification")
     t0 = time.perf_counter()
-    options = {"loss": "distill", "steps": steps, "lr": 0.003}
+    # random weights give nearly flat class scores, which the default softened KL barely moves: on
+    # one machine it kept the pruned weights (0.9886 -> 0.9886), on another it lowered the KL on the
+    # calibration batches while the held-out cosine fell (0.9886 -> 0.9176). Distilled on the
+    # scores themselves (what cosine measures), as benchmarks/compression.py does
+    options = {"loss": "distill", "steps": steps, "lr": LR, "logits_loss": "cosine"}
     tuned = apply_pass("finetune", pruned, data, options, baseline=model, task="classification")
     return {
         "pruned_cosine": round(cos(pruned.module), 4),
         "distilled_cosine": round(cos(tuned.module), 4),
+        "logits_loss": "cosine",
+        "lr": LR,
+        "kept_epoch": tuned.info.get("kept_epoch"),
         "steps": steps,
         "distill_s": round(time.perf_counter() - t0, 1),
         "held_out_samples": len(held_out),
@@ -124,7 +134,9 @@ def render(data: dict[str, Any]) -> list[str]:
         f"resnet18 (random init, synthetic 3x64x64 inputs, no labels), 50% of channels pruned "
         f"({r['macs_fraction']:.0%} of the MACs left): cosine to the unpruned model on "
         f"{r['held_out_samples']} held-out inputs {r['pruned_cosine']:.4f} before, "
-        f"{r['distilled_cosine']:.4f} after {r['steps']} distillation steps ({r['distill_s']:.0f} s).",
+        f"{r['distilled_cosine']:.4f} after {r['steps']} distillation steps ({r['distill_s']:.0f} s"
+        + (f"; `logits_loss: {r['logits_loss']}`, lr {r['lr']:g}" if "logits_loss" in r else "")
+        + ").",
         "",
         "Targets:",
         "",
@@ -139,8 +151,9 @@ def render(data: dict[str, Any]) -> list[str]:
             if d["distilled_agreement"] >= 98 and d["baseline_top1"] - d["distilled_top1"] <= 1
             else "NOT met"
         ),
-        f"- resnet18 50% pruning + distillation: cosine >= 0.9: {r['pruned_cosine']:.4f} -> "
-        f"{r['distilled_cosine']:.4f} -> {'met' if r['distilled_cosine'] >= 0.9 else 'NOT met'}",
+        f"- resnet18 50% pruning + distillation: cosine >= 0.9, and no lower than before distillation: "
+        f"{r['pruned_cosine']:.4f} -> {r['distilled_cosine']:.4f} -> "
+        f"{'met' if r['distilled_cosine'] >= max(0.9, r['pruned_cosine']) else 'NOT met'}",
     ]
 
 
