@@ -80,6 +80,11 @@ def interleaved_rounds(
     return p50s
 
 
+def medians(per_round: dict[str, list[float]]) -> dict[str, float]:
+    """Each row's figure: the median of its rounds' p50s (:func:`interleaved_rounds`)."""
+    return {name: statistics.median(v) for name, v in per_round.items()}
+
+
 def ratio_ranges(per_round: dict[str, list[float]], refs: list[str]) -> dict[str, dict[str, list[float]]]:
     """For each reference row in ``refs``, every row's lowest and highest single-round speed-up over
     it (paired by round, :func:`interleaved_rounds`): the spread the machine's drift gives a ratio
@@ -94,9 +99,9 @@ def ratio_ranges(per_round: dict[str, list[float]], refs: list[str]) -> dict[str
     }
 
 
-def with_spread(ratio: float, spread: list[float] | None) -> str:
+def with_spread(ratio: float, spread: list[float] | None, digits: int = 2) -> str:
     """``5.21x [4.80, 5.60]``: a speed-up and its rounds' spread (none where a run predates it)."""
-    return f"{ratio:.2f}x" + (f" [{spread[0]:.2f}, {spread[1]:.2f}]" if spread else "")
+    return f"{ratio:.{digits}f}x" + (f" [{spread[0]:.{digits}f}, {spread[1]:.{digits}f}]" if spread else "")
 
 
 def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -231,11 +236,6 @@ def run_spreads(quick: dict[str, Any]) -> list[float]:
     return spreads
 
 
-def _bracket(spread: list[float] | None) -> str:
-    """`` [lo, hi] `` after a one-decimal speed-up (nothing where the run predates its spread)."""
-    return f"[{spread[0]:.1f}, {spread[1]:.1f}] " if spread else ""
-
-
 def readme_figures(results: Path = HERE / "results") -> str:
     """The README's benchmark bullets, every figure read from the JSON named beside it."""
     peers, modes = _load(results, "peers"), _load(results, "int8_modes")
@@ -251,12 +251,12 @@ def readme_figures(results: Path = HERE / "results") -> str:
     q = _row(rows, model="resnet18", approach="int8 static (torch.ao)", who="torchtame")
     pq = _row(rows, model="resnet18", approach="pruned 50% + int8", who="torchtame")
     if twins and q and pq:
-        spread = _bracket(q.get("b8_speedup_range"))
+        speed = with_spread(q["b8_speedup"], q.get("b8_speedup_range"), digits=1)
         lines.append(
             f"- `python benchmarks/peers.py` (`results/peers.json`): on resnet18 torchtame's rows run at "
             f"{min(twins):.2f}-{max(twins):.2f}x the speed of their direct twins (same graphs, same "
-            f"kernels); its static int8 keeps cosine {q['cosine']:.4f} to fp32, is {q['b8_speedup']:.1f}x "
-            f"{spread}faster than fp32 eager at batch 8 and {q['size_ratio']:.2f}x smaller; pruned 50% + "
+            f"kernels); its static int8 keeps cosine {q['cosine']:.4f} to fp32, is {speed} "
+            f"faster than fp32 eager at batch 8 and {q['size_ratio']:.2f}x smaller; pruned 50% + "
             f"int8 reads {pq['b8_speedup']:.1f}x but is marked `{pq['verdict']}` (cosine "
             f"{pq['cosine']:.2f} without fine-tuning), so it counts in no target."
         )

@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 import warnings
@@ -38,6 +37,7 @@ from common import (
     agreement,
     cosine,
     interleaved_rounds,
+    medians,
     out_dir,
     parser,
     publish,
@@ -298,7 +298,7 @@ def _vit_row(
     per_round = interleaved_rounds(
         {"fp32": model, "pruned": tuned.module}, held[:8], rounds=5, min_time_s=0.1 if quick else 1.0
     )
-    p50 = {k: statistics.median(v) for k, v in per_round.items()}
+    p50 = medians(per_round)
     with torch.inference_mode():
         return {
             "pruning": options,

@@ -20,7 +20,6 @@ agreement are against fp32 on held-out inputs.
 from __future__ import annotations
 
 import copy
-import statistics
 import sys
 import time
 import warnings
@@ -31,7 +30,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.samepad
 
-from common import agreement, cosine, interleaved_rounds, out_dir, parser, publish, ratio_ranges, with_spread
+from common import (
+    agreement,
+    cosine,
+    interleaved_rounds,
+    medians,
+    out_dir,
+    parser,
+    publish,
+    ratio_ranges,
+    with_spread,
+)
 
 from torchtame import apply_pass, load_data
 from torchtame.data import DigitsData, SyntheticData
@@ -124,7 +133,7 @@ def bench(name: str, model: torch.nn.Module, data: Any, batch: int, min_time: fl
     fns = {"fp32 eager": model, "fp32 compiled": fp32_compiled}
     fns.update({f"int8 {m}": timed(*variants[m]) for m in variants})
     per_round = interleaved_rounds(fns, x, rounds=ROUNDS, min_time_s=min_time)
-    p50 = {k: statistics.median(v) for k, v in per_round.items()}
+    p50 = medians(per_round)
     row["p50_ms"] = {k: round(v, 3) for k, v in p50.items()}
     row["ratio_ranges"] = ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"])
     row["speedup_vs_fp32_eager"] = {k: round(p50["fp32 eager"] / v, 2) for k, v in p50.items()}

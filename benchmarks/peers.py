@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import statistics
 import tempfile
 import time
 import warnings
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import interleaved_rounds, out_dir, parser, publish, ratio_ranges, with_spread
+from common import interleaved_rounds, medians, out_dir, parser, publish, ratio_ranges, with_spread
 from torch import nn
 
 from torchtame.data import DataBundle, DigitsData, SyntheticData, load_data
@@ -136,6 +135,9 @@ class Bench:
     def time(self) -> None:
         """Every row at every batch size, interleaved and shuffled, fp32 with them."""
         keys = [f"{r['approach']} | {r['who']}" for r in self.rows]
+        # fp32 compiled the same way (Inductor, freezing): what compiled rows are also compared to
+        ref = next((i for i, r in enumerate(self.rows) if r["approach"] == COMPILED_FP32), None)
+        refs = [keys[0], *([] if ref is None else [keys[ref]])]
         for bs in self.batches:
             fns, contexts = {}, {}
             for key, r in zip(keys, self.rows, strict=True):
@@ -147,21 +149,17 @@ class Bench:
             per_round = interleaved_rounds(
                 fns, self.data.example_input(bs), self.ROUNDS, self.min_time, seed=bs, contexts=contexts
             )
-            p50 = {k: statistics.median(v) for k, v in per_round.items()}
-            refs = [
-                keys[0],
-                *(k for k, r in zip(keys, self.rows, strict=True) if r["approach"] == COMPILED_FP32),
-            ]
+            p50 = medians(per_round)
             spread = ratio_ranges(per_round, refs)  # lowest and highest single-round speed-ups
             base = p50[keys[0]]
             for key, r in zip(keys, self.rows, strict=True):
                 r[f"b{bs}_ms"] = p50[key]
                 r[f"b{bs}_speedup"] = base / p50[key]
                 r[f"b{bs}_speedup_range"] = spread[keys[0]][key]
-                if len(refs) > 1 and r.get("compiled"):
-                    r[f"b{bs}_vs_compiled_range"] = spread[refs[1]][key]
+                if ref is not None and r.get("compiled"):
+                    r[f"b{bs}_vs_compiled_range"] = spread[keys[ref]][key]
         direct = {r["approach"]: r for r in self.rows if r["who"] == "direct"}
-        reference = next((r for r in self.rows if r["approach"] == COMPILED_FP32), None)
+        reference = None if ref is None else self.rows[ref]
         for r in self.rows:
             twin = direct.get(r["approach"]) if r["who"] == "torchtame" else None
             for bs in self.batches:

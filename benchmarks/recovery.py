@@ -25,7 +25,6 @@ Per CNN (quantize.static, mode pt2e, compiled with freezing):
 from __future__ import annotations
 
 import copy
-import statistics
 import sys
 import time
 import warnings
@@ -37,6 +36,7 @@ from common import (
     agreement,
     cosine,
     interleaved_rounds,
+    medians,
     out_dir,
     parser,
     publish,
@@ -239,7 +239,7 @@ def bench_cnn(
     with torch.inference_mode():
         fns["fp32 compiled"](data.example_input(8))
     per_round = interleaved_rounds(fns, data.example_input(8), rounds=5, min_time_s=min_time)
-    row["p50_ms"] = {k: round(statistics.median(v), 3) for k, v in per_round.items()}
+    row["p50_ms"] = {k: round(v, 3) for k, v in medians(per_round).items()}
     row["ratio_ranges"] = ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"])
     if name.endswith(TRAINED_AT) or name.startswith("ported"):  # (quick: so that this cannot rot)
         row["recipe_speed"] = recipe_speed(model, row, 48 if name.startswith("ported") else 224, min_time)
@@ -272,7 +272,7 @@ def recipe_speed(model: nn.Module, row: dict[str, Any], size: int, min_time: flo
         for fn in fns.values():
             fn(x)  # compile for the timed shape first
     per_round = interleaved_rounds(fns, x, rounds=7, min_time_s=min_time)
-    p50 = {k: statistics.median(v) for k, v in per_round.items()}
+    p50 = medians(per_round)
     print(f"  at {size}x{size}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in p50.items()), flush=True)
     label = builds[-1][0]
     # the speed-up in each round (paired): its spread is the machine's drift

@@ -14,14 +14,13 @@ compiled and PT2E int8 compiled the same way (Inductor, freezing), interleaved r
 from __future__ import annotations
 
 import copy
-import statistics
 import tempfile
 import time
 import warnings
 from typing import Any
 
 import torch
-from common import interleaved_rounds, out_dir, parser, publish, ratio_ranges, with_spread
+from common import interleaved_rounds, medians, out_dir, parser, publish, ratio_ranges, with_spread
 
 from torchtame import apply_pass, load_data
 from torchtame.data import PythonData
@@ -123,7 +122,7 @@ def main() -> None:
     with torch.inference_mode():
         fns["fp32 compiled"](**example)
     per_round = interleaved_rounds(fns, example, rounds=5, min_time_s=args.min_time)
-    p50 = {k: statistics.median(v) for k, v in per_round.items()}
+    p50 = medians(per_round)
     figures = {
         "config": config,
         "batch": args.batch,
