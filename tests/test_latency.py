@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -77,24 +78,44 @@ def test_the_recorded_thread_count_is_the_one_the_timed_calls_ran_with() -> None
     assert torch.get_num_threads() == before  # restored after the runner
 
 
+def _plain_p50_ms(fn: Callable[[], object], runs: int = 15) -> float:
+    """The median of ``runs`` calls on the host clock, with no torchtame code in the way."""
+    import statistics
+
+    fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def test_threads_change_the_time_of_a_parallel_kernel() -> None:
-    """Two threads on a large matmul are measurably faster than one (on a machine with >= 2 cores)."""
+    """The harness sees what a second thread does to a large matmul on this machine: its 2:1 ratio
+    agrees with a plain loop's, and where the hardware scales (two physical cores, not two
+    hyperthreads of one, as on one CI machine: 1.15x) so does the harness's figure."""
     import os
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs two cores")
     x = torch.randn(768, 768)
     before = torch.get_num_threads()
-    p50 = {}
+    harness: dict[int, float] = {}
+    plain: dict[int, float] = {}
     try:
-        for threads in (1, 2) * 4:  # the best of four: a moment of load elsewhere must not decide it
+        for threads in (1, 2) * 4:  # the best of four, interleaved: a moment of load must not decide it
             torch.set_num_threads(threads)
             s = measure_latency(lambda t: t @ t, x, warmup=2, min_runs=15, min_time_s=0.2)
             assert s.threads == threads
-            p50[threads] = min(p50.get(threads, float("inf")), s.p50_ms)
+            harness[threads] = min(harness.get(threads, float("inf")), s.p50_ms)
+            plain[threads] = min(plain.get(threads, float("inf")), _plain_p50_ms(lambda: x @ x))
     finally:
         torch.set_num_threads(before)
-    assert p50[2] < 0.85 * p50[1], p50
+    gain, plain_gain = harness[1] / harness[2], plain[1] / plain[2]
+    assert 0.8 < gain / plain_gain < 1.25, (harness, plain)
+    if plain_gain > 1.4:
+        assert gain > 1.2, (harness, plain)
 
 
 def test_onnx_io_binding_gives_the_same_outputs(tmp_path) -> None:
