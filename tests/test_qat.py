@@ -227,3 +227,38 @@ def test_an_int8_model_that_is_not_the_one_qat_trained_is_a_warning() -> None:
     assert "0.9728" in found[0]["message"] and "onednn" in found[0]["message"]
     assert "mode: pt2e" in found[0]["suggestion"] and flags(found) == "⚠ not as trained"
     assert "mode: pt2e" not in check(entry(0.99, mode="pt2e"), None)[0]["suggestion"]
+
+
+def test_conv_batchnorm_patterns_are_matched_only_for_convolutions_the_graph_has() -> None:
+    """torchao exports 96 pattern graphs per QAT convert (four convolution kinds): the kinds the
+    graph lacks are skipped, 2d always runs, and torchao's helpers are restored after."""
+    import torch.nn.functional as F
+    import torchao.quantization.pt2e.qat_utils as qat_utils
+
+    from torchtame.passes.qat import present_convolutions_only
+
+    class ConvBn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bn(self.conv(x))
+
+    graph = torch.export.export(ConvBn().train(), (torch.rand(2, 1, 5, 5),)).module().graph
+    originals = (qat_utils._fuse_conv_bn_qat_helper, qat_utils._fold_conv_bn_qat_helper)
+    calls: list[object] = []
+    qat_utils._fold_conv_bn_qat_helper = lambda m, conv_fn, *a, **k: calls.append(conv_fn) or m
+    try:
+        with present_convolutions_only(graph):
+            for fn in (F.conv1d, F.conv2d, F.conv_transpose1d, F.conv_transpose2d):
+                assert qat_utils._fold_conv_bn_qat_helper("gm", fn, (), is_cuda=False) == "gm"
+        assert calls == [F.conv2d]
+        decomposed = torch.fx.Graph()
+        decomposed.call_function(torch.ops.aten.convolution.default, ())
+        with present_convolutions_only(decomposed):  # aten.convolution: every kind runs
+            qat_utils._fold_conv_bn_qat_helper("gm", F.conv1d, (), is_cuda=False)
+        assert calls == [F.conv2d, F.conv1d]
+    finally:
+        qat_utils._fold_conv_bn_qat_helper = originals[1]
+    assert (qat_utils._fuse_conv_bn_qat_helper, qat_utils._fold_conv_bn_qat_helper) == originals
