@@ -141,6 +141,9 @@ def test_distilbert_with_dict_rows(tmp_path: Path) -> None:
     assert set(_onnx_inputs(by["result"].run_dir, "baseline-onnx")) == {"input_ids", "attention_mask"}
     _ok(by["onnx-int8"])
     _ok(by["onnx-int8-dynamic"])
+    static = _ok(by["int8-static"])  # keyword inputs: PT2E, every Linear int8
+    assert static["info"]["mode"] == "pt2e" and static["accuracy"]["cosine_similarity"] >= 0.99
+    assert static["info"]["graph"]["int8_layers"] == static["info"]["graph"]["weight_layers"]
 
 
 def test_lstm_text_classifier_on_token_ids(tmp_path: Path) -> None:
