@@ -375,3 +375,26 @@ def test_an_annotation_failure_names_the_node_and_the_layer() -> None:
         annotate(gm.graph)
     where, module = failing_node(caught.value)
     assert "at node linear_1" in where and module == "2", (where, module)
+
+
+def test_a_compiled_variants_last_short_batch_runs_on_the_full_batches_graph() -> None:
+    """predict(fill_to=...) fills the last, smaller batch with its own samples, so a compiled
+    variant compiles no graph for it; the outputs are those of the unfilled batches. An output
+    whose first dimension is not the batch (sequence-first) runs the short batch as it is."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchtame.evaluate.accuracy import predict
+
+    x, y = torch.randn(10, 3), torch.arange(10)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)
+    shapes: list[int] = []
+
+    def run(b: torch.Tensor) -> torch.Tensor:
+        shapes.append(b.shape[0])
+        return b * 2
+
+    outs, labels = predict(run, lambda b: b, loader, fill_to=4)
+    assert shapes == [4, 4, 4] and torch.equal(outs, x * 2) and torch.equal(labels, y)
+    shapes.clear()
+    predict(lambda b: run(b).T, lambda b: b, loader, fill_to=4)  # (features, batch)
+    assert shapes == [4, 4, 4, 2]  # the filled try, then the batch as it is

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import TorchtameError
-from ..inputs import call, select_output, stack_outputs
+from ..inputs import batch_size, call, repeat_batch, select_output, stack_outputs
 from ..onnx_runtime import compare_outputs
 from ..registry import METRICS, register_metric, resolve_callable
 from ..runtime import quantized_engine
@@ -62,12 +62,24 @@ def predict(
     prepare: Callable[[Any], Any],
     loader: DataLoader,
     output: str | int | None = None,
+    fill_to: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The measured output (float32, CPU; see :func:`~torchtame.inputs.select_output`) and the
-    labels over the whole loader."""
+    labels over the whole loader.
+
+    ``fill_to``: for a compiled variant, which compiles a graph per input shape (a minute on a
+    real CNN): a last, smaller batch is filled up to this many samples with its own samples
+    repeated and their outputs dropped, so it runs on the graph the full batches compiled. Where
+    the output's first dimension is not the batch, that batch runs as it is."""
     outs, labels = [], []
     for x, y, *_ in loader:
-        out = select_output(run(prepare(x)), output)
+        n = batch_size(x)
+        out = None
+        if fill_to is not None and n < fill_to:
+            filled = select_output(run(prepare(repeat_batch(x, fill_to))), output)
+            out = filled[:n] if filled.dim() and filled.shape[0] == fill_to else None
+        if out is None:
+            out = select_output(run(prepare(x)), output)
         outs.append(out.detach().float().cpu())
         labels.append(y)
     return stack_outputs(outs), torch.cat(labels)

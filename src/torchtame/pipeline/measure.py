@@ -118,7 +118,9 @@ class Measurer:
                     out.setdefault("compile_s", {})[device] = round(time.perf_counter() - t0, 3)
                 if device == runnable[0] and accuracy:
                     self.progress.status(f"{v.name}: accuracy on {device}")
-                    outputs, labels = predict(run, prepare, self.data.evaluation, self.output)
+                    loader = self.data.evaluation  # compiled: the last batch on the full batches' graph
+                    fill = loader.batch_size if v.compiled else None
+                    outputs, labels = predict(run, prepare, loader, self.output, fill)
                     out["accuracy"] = self.accuracy(v.name, outputs, labels, device)
                     out["outputs"] = output_stats(outputs)
                 if not lat.enabled:
