@@ -226,7 +226,8 @@ def present_convolutions_only(graph: torch.fx.Graph) -> Iterator[None]:
     graph per convolution kind (1d, 2d, transposed 1d and 2d) and per variant of it: 96 exports
     per convert, some 28 s on 2 cores whatever the model's size. Here a kind with no node in
     ``graph`` is skipped (no pattern of it can match); 2d always runs, as the helpers' clean-up
-    ran at least once before. A graph of decomposed ``aten.convolution`` nodes skips nothing."""
+    ran at least once before. A graph of decomposed ``aten.convolution`` nodes skips nothing, and
+    so does a torchao that renamed its helpers (its test says so)."""
     import torch.nn.functional as F
     import torchao.quantization.pt2e.qat_utils as qat_utils
 
@@ -238,9 +239,8 @@ def present_convolutions_only(graph: torch.fx.Graph) -> Iterator[None]:
         F.conv_transpose2d: aten.conv_transpose2d,
     }
     absent = set() if aten.convolution in packets else {fn for fn, op in kinds.items() if op not in packets}
-    saved = {
-        name: getattr(qat_utils, name) for name in ("_fuse_conv_bn_qat_helper", "_fold_conv_bn_qat_helper")
-    }
+    names = ("_fuse_conv_bn_qat_helper", "_fold_conv_bn_qat_helper")  # private: a rename skips nothing
+    saved = {name: getattr(qat_utils, name) for name in names if hasattr(qat_utils, name)}
 
     def skipping(helper: Any) -> Any:
         def run(m: torch.fx.GraphModule, conv_fn: Any, *args: Any, **kwargs: Any) -> torch.fx.GraphModule:
