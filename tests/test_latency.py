@@ -95,8 +95,9 @@ def test_threads_change_the_time_of_a_parallel_kernel() -> None:
     """The harness sees what a second thread does to a large matmul on this machine: in some round
     its 1:2-thread ratio agrees with a plain loop's timed right beside it, and where the hardware
     scales (two physical cores, not two hyperthreads of one, as on one CI machine: 1.15x) so does
-    the harness's figure. Paired by round: processes other tests leave running (a Ray instance
-    between its tests) take the second core at times, for the harness and the loop alike."""
+    the harness's figure. Paired by round: in the whole suite the second core is at times busy
+    with something outside the test (once the loop got 1.46x, the harness at most 1.05x, in four
+    blocks each), and a round's two figures see the same machine."""
     import os
 
     if (os.cpu_count() or 1) < 2:
