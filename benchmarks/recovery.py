@@ -192,7 +192,13 @@ def _onnx_rows(
 
 
 def bench_cnn(
-    name: str, model: nn.Module, data: Any, trained: bool, iterations: int, min_time: float
+    name: str,
+    model: nn.Module,
+    data: Any,
+    trained: bool,
+    iterations: int,
+    min_time: float,
+    quick: bool = False,
 ) -> dict[str, Any]:
     if not trained:
         recalibrate_batchnorm(model, [x for x, _ in data.calibration])
@@ -233,23 +239,29 @@ def bench_cnn(
         ("onnx MinMax", {}),
         ("onnx Percentile", {"calibration_method": "Percentile"}),
         ("onnx range search", {"calibration_method": "RangeSearch"}),
-    ]
+    ][:: 2 if quick else 1]  # quick: onnxruntime's own calibration once, torchtame's range search
+    rounds = 2 if quick else 5  # two give the quick mode its interval
     row.update(_onnx_rows(model, data, onnx, ref, held))
     fns = {"fp32 eager": model, "fp32 compiled": compiled(model), **built}
     with torch.inference_mode():
         fns["fp32 compiled"](data.example_input(8))
-    per_round = interleaved_rounds(fns, data.example_input(8), rounds=5, min_time_s=min_time)
+    per_round = interleaved_rounds(fns, data.example_input(8), rounds=rounds, min_time_s=min_time)
+    row["rounds"] = rounds
     row["p50_ms"] = {k: round(v, 3) for k, v in medians(per_round).items()}
     row["ratio_ranges"] = ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"])
     if name.endswith(TRAINED_AT) or name.startswith("ported"):  # (quick: so that this cannot rot)
-        row["recipe_speed"] = recipe_speed(model, row, 48 if name.startswith("ported") else 224, min_time)
+        row["recipe_speed"] = recipe_speed(
+            model, row, 48 if quick else 224, min_time, rounds=2 if quick else 7
+        )
     return row
 
 
 RECIPE = "pt2e, same layers float"  # recipe_speed's row for what auto kept float
 
 
-def recipe_speed(model: nn.Module, row: dict[str, Any], size: int, min_time: float) -> dict[str, Any]:
+def recipe_speed(
+    model: nn.Module, row: dict[str, Any], size: int, min_time: float, rounds: int = 7
+) -> dict[str, Any]:
     """Speed at ``size`` x ``size`` (batch 8) of what ``recovery: auto`` chose on ``model`` (trained
     and judged at a smaller size; its convolutions and global pooling run at any size): plain PT2E
     int8 and PT2E with the same layers float, against fp32 eager and compiled, interleaved. The
@@ -271,13 +283,13 @@ def recipe_speed(model: nn.Module, row: dict[str, Any], size: int, min_time: flo
     with torch.inference_mode():
         for fn in fns.values():
             fn(x)  # compile for the timed shape first
-    per_round = interleaved_rounds(fns, x, rounds=7, min_time_s=min_time)
+    per_round = interleaved_rounds(fns, x, rounds=rounds, min_time_s=min_time)
     p50 = medians(per_round)
     print(f"  at {size}x{size}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in p50.items()), flush=True)
     label = builds[-1][0]
     # the speed-up in each round (paired): its spread is the machine's drift
     ranges = {ref: r[label] for ref, r in ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"]).items()}
-    out = {"size": size, "kept_float": kept, "int8_layers": graph, "rounds": 7, "ratio_ranges": ranges}
+    out = {"size": size, "kept_float": kept, "int8_layers": graph, "rounds": rounds, "ratio_ranges": ranges}
     return {**out, "p50_ms": {k: round(v, 3) for k, v in p50.items()}}
 
 
@@ -432,8 +444,8 @@ def render(data: dict[str, Any]) -> list[str]:
             else "PT2E: 8-bit weights and activations."
         )
         + (
-            " Speed-ups: median p50s of 5 interleaved rounds; in brackets the lowest and highest "
-            "single-round speed-up (paired by round: the machine's drift)."
+            f" Speed-ups: median p50s of {data['rows'][0].get('rounds', 5)} interleaved rounds; in "
+            "brackets the lowest and highest single-round speed-up (paired by round: the machine's drift)."
             if any("ratio_ranges" in row for row in data["rows"])
             else ""
         ),
@@ -545,7 +557,10 @@ def main() -> None:
     out = out_dir(args)
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
-    rows = [bench_cnn(name, m, d, t, args.iterations, args.min_time) for name, m, d, t in cnns(args.quick)]
+    rows = [
+        bench_cnn(name, m, d, t, args.iterations, args.min_time, args.quick)
+        for name, m, d, t in cnns(args.quick)
+    ]
     rows.append(bench_vit(args.quick))
     command = "python benchmarks/recovery.py" + (" --quick" if args.quick else "")
     if not args.quick and args.iterations != 100:
