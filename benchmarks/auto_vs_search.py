@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from common import out_dir, parser, publish
+from common import QUICK_ROUNDS, out_dir, parser, publish
 
 import torchtame
 
@@ -46,8 +46,8 @@ QUICK_MODEL = {
 
 
 def _recipe(name: str, work: Path, quick: bool, **extra: Any) -> dict[str, Any]:
-    # (two rounds in the quick mode too: a speed-up gets its interval from paired rounds)
-    rounds = {"warmup": 2, "min_runs": 5, "min_time_s": 0.05, "rounds": 2} if quick else {"rounds": 3}
+    quick_timing = {"warmup": 2, "min_runs": 5, "min_time_s": 0.05, "rounds": QUICK_ROUNDS}
+    rounds = quick_timing if quick else {"rounds": 3}
     return {
         "name": name,
         "seed": 0,

@@ -31,6 +31,8 @@ from torchtame.inputs import call
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
+# timing rounds of a --quick run: two, the fewest that give a speed-up its spread (paired rounds)
+QUICK_ROUNDS = 2
 
 
 def machine() -> str:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import yaml
 from common import (
+    QUICK_ROUNDS,
     agreement,
     cosine,
     interleaved_rounds,
@@ -76,7 +77,9 @@ def digits_sparse(quick: bool) -> dict[str, Any]:
             for key in ("finetune", "finetune_between"):
                 if key in step["options"]:
                     step["options"][key]["epochs"] = 1
-        raw["evaluate"]["latency"].update(batch_sizes=[64], warmup=2, min_time_s=0.02, min_runs=5, rounds=2)
+        raw["evaluate"]["latency"].update(
+            batch_sizes=[64], warmup=2, min_time_s=0.02, min_runs=5, rounds=QUICK_ROUNDS
+        )
     res = torchtame.run(torchtame.load_recipe(raw)).results
     rows = []
     for v in res["variants"]:

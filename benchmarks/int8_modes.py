@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.samepad
 
 from common import (
+    QUICK_ROUNDS,
     agreement,
     cosine,
     interleaved_rounds,
@@ -244,9 +245,9 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
     rows = []
+    rounds = QUICK_ROUNDS if args.quick else ROUNDS
     for name, model, data in models(args.quick):
         print(name, flush=True)
-        rounds = 2 if args.quick else ROUNDS  # two give the quick mode its interval
         rows.append(bench(name, model, data, args.batch, args.min_time, rounds))
     command = "python benchmarks/int8_modes.py" + (" --quick" if args.quick else "")
     title = "Static int8: FX vs PT2E"

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from common import (
+    QUICK_ROUNDS,
     agreement,
     cosine,
     interleaved_rounds,
@@ -235,12 +236,10 @@ def bench_cnn(
             ]
         built[label] = fn
         print(f"  {label}: {row[label]['cosine']} / {row[label]['agreement']}% ({seconds} s)", flush=True)
-    onnx = [
-        ("onnx MinMax", {}),
-        ("onnx Percentile", {"calibration_method": "Percentile"}),
-        ("onnx range search", {"calibration_method": "RangeSearch"}),
-    ][:: 2 if quick else 1]  # quick: onnxruntime's own calibration once, torchtame's range search
-    rounds = 2 if quick else 5  # two give the quick mode its interval
+    onnx = [("onnx MinMax", {}), ("onnx range search", {"calibration_method": "RangeSearch"})]
+    if not quick:  # (quick: onnxruntime's own calibration once, besides torchtame's range search)
+        onnx.insert(1, ("onnx Percentile", {"calibration_method": "Percentile"}))
+    rounds = QUICK_ROUNDS if quick else 5
     row.update(_onnx_rows(model, data, onnx, ref, held))
     fns = {"fp32 eager": model, "fp32 compiled": compiled(model), **built}
     with torch.inference_mode():
@@ -251,7 +250,7 @@ def bench_cnn(
     row["ratio_ranges"] = ratio_ranges(per_round, ["fp32 eager", "fp32 compiled"])
     if name.endswith(TRAINED_AT) or name.startswith("ported"):  # (quick: so that this cannot rot)
         row["recipe_speed"] = recipe_speed(
-            model, row, 48 if quick else 224, min_time, rounds=2 if quick else 7
+            model, row, 48 if quick else 224, min_time, rounds=QUICK_ROUNDS if quick else 7
         )
     return row
 

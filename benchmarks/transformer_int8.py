@@ -20,7 +20,16 @@ import warnings
 from typing import Any
 
 import torch
-from common import interleaved_rounds, medians, out_dir, parser, publish, ratio_ranges, with_spread
+from common import (
+    QUICK_ROUNDS,
+    interleaved_rounds,
+    medians,
+    out_dir,
+    parser,
+    publish,
+    ratio_ranges,
+    with_spread,
+)
 
 from torchtame import apply_pass, load_data
 from torchtame.data import PythonData
@@ -121,7 +130,7 @@ def main() -> None:
         print(label, rows[label], flush=True)
     with torch.inference_mode():
         fns["fp32 compiled"](**example)
-    rounds = 2 if args.quick else 5  # two give the quick mode its interval
+    rounds = QUICK_ROUNDS if args.quick else 5
     per_round = interleaved_rounds(fns, example, rounds=rounds, min_time_s=args.min_time)
     p50 = medians(per_round)
     figures = {
