@@ -138,6 +138,13 @@ class Bench:
         # fp32 compiled the same way (Inductor, freezing): what compiled rows are also compared to
         ref = next((i for i, r in enumerate(self.rows) if r["approach"] == COMPILED_FP32), None)
         refs = [keys[0], *([] if ref is None else [keys[ref]])]
+        # each torchtame row against the direct call of the same approach, paired by round too
+        twins = {
+            key: f"{r['approach']} | direct"
+            for key, r in zip(keys, self.rows, strict=True)
+            if r["who"] == "torchtame" and f"{r['approach']} | direct" in keys
+        }
+        refs += sorted(set(twins.values()))
         for bs in self.batches:
             fns, contexts = {}, {}
             for key, r in zip(keys, self.rows, strict=True):
@@ -158,6 +165,8 @@ class Bench:
                 r[f"b{bs}_speedup_range"] = spread[keys[0]][key]
                 if ref is not None and r.get("compiled"):
                     r[f"b{bs}_vs_compiled_range"] = spread[keys[ref]][key]
+                if key in twins:
+                    r[f"b{bs}_vs_direct_range"] = spread[twins[key]][key]
         direct = {r["approach"]: r for r in self.rows if r["who"] == "direct"}
         reference = None if ref is None else self.rows[ref]
         for r in self.rows:
@@ -382,7 +391,7 @@ def render(data: dict[str, Any]) -> list[str]:
         "> 1 is faster than the model's first row, PyTorch's default fp32 eager (for "
         "the Transformer: with the fused attention fast path); compiled rows are also shown against "
         "fp32 compiled with the same Inductor settings; 'ours vs direct' > 1 means torchtame's "
-        "variant is faster than the direct call",
+        "variant is faster than the direct call (in brackets: its lowest and highest single round)",
         "- torch.ao int8 modules get a fresh copy per batch size (x86 int8 packs weights for the first "
         "shape it sees); the Transformer's int8 rows run without the attention fast path (int8 "
         "Linears cannot take it), with fp32 without it timed beside them",
@@ -408,21 +417,42 @@ def render(data: dict[str, Any]) -> list[str]:
                 f"{r[f'b{bs}_ms']:.3f}",
                 up if ok else f"({up})",
                 "-" if comp is None else (comp if ok else f"({comp})"),
-                f"{vs:.2f}" if vs else "-",
+                _plain(vs, r.get(f"b{bs}_vs_direct_range")) if vs else "-",
             ]
         body.append("| " + " | ".join(cells) + " |")
     return [*body, "", "### Targets", "", *targets(rows, batches)]
+
+
+def _plain(ratio: float, spread: list[float] | None) -> str:
+    """``0.98 [0.91, 1.04]``: a ratio that is not a speed-up over fp32 (no ``x``), with its spread."""
+    return with_spread(ratio, spread).replace("x", "", 1)
+
+
+def _within_direct(ort: list[dict[str, Any]], batches: list[int]) -> str:
+    """The onnxruntime target: the worst median ratio to the direct call, with its rounds'
+    spread; a median under the line whose spread reaches it is noise the rounds cannot settle."""
+    pairs = [(r, bs) for r in ort for bs in batches]
+    worst_row, worst_bs = min(pairs, key=lambda p: p[0][f"b{p[1]}_vs_direct"])
+    worst = worst_row[f"b{worst_bs}_vs_direct"]
+    spread = worst_row.get(f"b{worst_bs}_vs_direct_range")
+    shown = _plain(worst, spread)
+    if worst >= 0.95:
+        verdict = "met"
+    elif spread and spread[1] >= 0.95:
+        verdict = "NOT met, within the rounds' spread of the line"
+    else:
+        verdict = "NOT met"
+    return (
+        f"- torchtame's onnxruntime int8 within 5% of the direct onnxruntime call: worst median ratio "
+        f"{shown} ({worst_row['model']}, batch {worst_bs}) -> {verdict}"
+    )
 
 
 def targets(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
     """The issue's targets, checked against the rows above."""
     out = []
     ort = [r for r in rows if r["approach"] == "onnxruntime int8 QDQ" and r["who"] == "torchtame"]
-    worst = min(r[f"b{bs}_vs_direct"] for r in ort for bs in batches)
-    out.append(
-        f"- torchtame's onnxruntime int8 within 5% of the direct onnxruntime call: worst ratio "
-        f"{worst:.2f} -> {'met' if worst >= 0.95 else 'NOT met'}"
-    )
+    out.append(_within_direct(ort, batches))
     int8 = [
         r
         for r in rows
