@@ -101,9 +101,12 @@ def ratio_ranges(per_round: dict[str, list[float]], refs: list[str]) -> dict[str
     }
 
 
-def with_spread(ratio: float, spread: list[float] | None, digits: int = 2) -> str:
-    """``5.21x [4.80, 5.60]``: a speed-up and its rounds' spread (none where a run predates it)."""
-    return f"{ratio:.{digits}f}x" + (f" [{spread[0]:.{digits}f}, {spread[1]:.{digits}f}]" if spread else "")
+def with_spread(ratio: float, spread: list[float] | None, digits: int = 2, unit: str = "x") -> str:
+    """``5.21x [4.80, 5.60]``: a speed-up and its rounds' spread (none where a run predates it);
+    ``unit=""`` for a ratio that is not a speed-up (``0.99 [0.98, 1.00]``)."""
+    return f"{ratio:.{digits}f}{unit}" + (
+        f" [{spread[0]:.{digits}f}, {spread[1]:.{digits}f}]" if spread else ""
+    )
 
 
 def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:

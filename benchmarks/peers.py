@@ -165,14 +165,12 @@ class Bench:
                 r[f"b{bs}_speedup_range"] = spread[keys[0]][key]
                 if ref is not None and r.get("compiled"):
                     r[f"b{bs}_vs_compiled_range"] = spread[keys[ref]][key]
+                r[f"b{bs}_vs_direct"] = p50[twins[key]] / p50[key] if key in twins else None
                 if key in twins:
                     r[f"b{bs}_vs_direct_range"] = spread[twins[key]][key]
-        direct = {r["approach"]: r for r in self.rows if r["who"] == "direct"}
         reference = None if ref is None else self.rows[ref]
         for r in self.rows:
-            twin = direct.get(r["approach"]) if r["who"] == "torchtame" else None
             for bs in self.batches:
-                r[f"b{bs}_vs_direct"] = twin[f"b{bs}_ms"] / r[f"b{bs}_ms"] if twin else None
                 # a compiled row against fp32 compiled the same way (Inductor, freezing)
                 compared = reference is not None and r.get("compiled")
                 r[f"b{bs}_vs_compiled"] = reference[f"b{bs}_ms"] / r[f"b{bs}_ms"] if compared else None
@@ -417,15 +415,10 @@ def render(data: dict[str, Any]) -> list[str]:
                 f"{r[f'b{bs}_ms']:.3f}",
                 up if ok else f"({up})",
                 "-" if comp is None else (comp if ok else f"({comp})"),
-                _plain(vs, r.get(f"b{bs}_vs_direct_range")) if vs else "-",
+                with_spread(vs, r.get(f"b{bs}_vs_direct_range"), unit="") if vs else "-",
             ]
         body.append("| " + " | ".join(cells) + " |")
     return [*body, "", "### Targets", "", *targets(rows, batches)]
-
-
-def _plain(ratio: float, spread: list[float] | None) -> str:
-    """``0.98 [0.91, 1.04]``: a ratio that is not a speed-up over fp32 (no ``x``), with its spread."""
-    return with_spread(ratio, spread).replace("x", "", 1)
 
 
 def _within_direct(ort: list[dict[str, Any]], batches: list[int]) -> str:
@@ -435,7 +428,7 @@ def _within_direct(ort: list[dict[str, Any]], batches: list[int]) -> str:
     worst_row, worst_bs = min(pairs, key=lambda p: p[0][f"b{p[1]}_vs_direct"])
     worst = worst_row[f"b{worst_bs}_vs_direct"]
     spread = worst_row.get(f"b{worst_bs}_vs_direct_range")
-    shown = _plain(worst, spread)
+    shown = with_spread(worst, spread, unit="")  # a ratio to the direct call, not a speed-up
     if worst >= 0.95:
         verdict = "met"
     elif spread and spread[1] >= 0.95:
